@@ -1,0 +1,197 @@
+"""The capsule pool: a pre-allocated device slab of arena-sized slots, LRU, pinning, host spill.
+
+Nothing is allocated per checkpoint: a checkpoint is one device copy into a free slot (evicting
+the least recently used unpinned capsule when none is free), plus a checksum computed by the
+device on the copy. The pool knows bytes and bookkeeping only; the Engine decides what to copy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.copy import copy_bytes
+from flashrt_ros.capsules.info import CapsuleInfo
+from flashrt_ros.capsules.names import check_capsule_name
+
+
+@dataclass
+class Capsule:
+    """Bookkeeping of one live capsule; `slot`/`host_slot` say where its bytes are."""
+
+    info: CapsuleInfo
+    slot: int | None
+    host_slot: int | None
+    digest: torch.Tensor  # device checksum lanes; hex is materialized lazily
+    last_used: int
+
+
+class CapsulePool:
+    def __init__(self, nbytes: int, device: torch.device, slots: int, host_slots: int = 0):
+        if slots < 1:
+            raise ValueError("capsule_slots must be at least 1")
+        if host_slots < 0:
+            raise ValueError("host_capsule_slots must be >= 0")
+        self.nbytes = int(nbytes)
+        self.device = torch.device(device)
+        self.slab = torch.empty((slots, self.nbytes), dtype=torch.uint8, device=self.device)
+        pin = self.device.type == "cuda"
+        self.host = torch.empty((host_slots, self.nbytes), dtype=torch.uint8, pin_memory=pin)
+        self.free = list(range(slots))[::-1]
+        self.free_host = list(range(host_slots))[::-1]
+        self.caps: dict[str, Capsule] = {}
+        self._clock = itertools.count(1)
+        self._ids = itertools.count(1)
+        self.gpu_tier = "gpu" if self.device.type == "cuda" else "cpu"
+        self.evicted: list[str] = []  # ids dropped by eviction, newest last (for logs)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def get(self, ref: str) -> Capsule:
+        """A capsule by id or by name; ValueError when neither is live."""
+        if not isinstance(ref, str) or not ref:
+            raise ValueError("capsule reference must be a non-empty id or name")
+        cap = self.caps.get(ref)
+        if cap is None:
+            cap = next((c for c in self.caps.values() if c.info.name == ref), None)
+        if cap is None:
+            raise ValueError(f"unknown capsule {ref!r} (list_capsules shows the live ones)")
+        return cap
+
+    def infos(self) -> list[CapsuleInfo]:
+        return [self.info(c) for c in sorted(self.caps.values(), key=lambda c: c.info.stamp)]
+
+    def info(self, cap: Capsule) -> CapsuleInfo:
+        if not cap.info.checksum:
+            cap.info = replace(cap.info, checksum=to_hex(cap.digest))
+        return cap.info
+
+    def bytes_used(self) -> int:
+        return sum(1 for c in self.caps.values() if c.slot is not None) * self.nbytes
+
+    def bytes_total(self) -> int:
+        return self.slab.shape[0] * self.nbytes
+
+    def new_id(self) -> str:
+        while True:
+            cid = f"c{next(self._ids):04d}"
+            if cid not in self.caps:
+                return cid
+
+    # -- taking a capsule --------------------------------------------------------------------------
+    def _take_slot(self) -> int:
+        if self.free:
+            return self.free.pop()
+        victims = [c for c in self.caps.values() if c.slot is not None and not c.info.pinned]
+        if not victims:
+            raise RuntimeError(
+                f"capsule pool full: all {self.slab.shape[0]} slots hold pinned capsules; "
+                "unpin or drop one, or raise capsule_slots"
+            )
+        victim = min(victims, key=lambda c: c.last_used)
+        self._spill_or_drop(victim)
+        return self.free.pop()
+
+    def _spill_or_drop(self, cap: Capsule) -> None:
+        if self.host.shape[0] == 0:
+            self.evicted.append(cap.info.id)
+            self._release(cap)
+            return
+        if not self.free_host:
+            oldest = min(
+                (c for c in self.caps.values() if c.host_slot is not None),
+                key=lambda c: c.last_used,
+            )
+            self.evicted.append(oldest.info.id)
+            self._release(oldest)
+        hs = self.free_host.pop()
+        self.host[hs].copy_(self.slab[cap.slot], non_blocking=True)
+        self.free.append(cap.slot)
+        cap.slot, cap.host_slot = None, hs
+        cap.info = replace(cap.info, tier="host")
+
+    def _release(self, cap: Capsule) -> None:
+        if cap.slot is not None:
+            self.free.append(cap.slot)
+        if cap.host_slot is not None:
+            self.free_host.append(cap.host_slot)
+        del self.caps[cap.info.id]
+
+    def put(
+        self,
+        src: torch.Tensor,
+        *,
+        name: str = "",
+        session: str,
+        parent_id: str,
+        step: int,
+        pinned: bool = False,
+        cid: str | None = None,
+        stamp: float | None = None,
+    ) -> Capsule:
+        """Copy `src` (the arena bytes, device or host) into a slot. One copy, one checksum."""
+        if name:
+            check_capsule_name(name)
+            if any(c.info.name == name for c in self.caps.values()):
+                raise ValueError(f"capsule name {name!r} is taken; drop that capsule first")
+        if cid is not None and cid in self.caps:
+            cid = None
+        slot = self._take_slot()
+        dst = self.slab[slot]
+        if src.device == dst.device:
+            copy_bytes(dst, src)
+        else:
+            dst.copy_(src, non_blocking=True)
+        info = CapsuleInfo(
+            id=cid or self.new_id(),
+            name=name,
+            session=session,
+            parent_id=parent_id,
+            step=int(step),
+            nbytes=self.nbytes,
+            tier=self.gpu_tier,
+            checksum="",
+            pinned=bool(pinned),
+            stamp=time.time() if stamp is None else float(stamp),
+        )
+        cap = Capsule(info, slot, None, device_checksum(dst), next(self._clock))
+        self.caps[info.id] = cap
+        return cap
+
+    # -- using a capsule ---------------------------------------------------------------------------
+    def source(self, cap: Capsule) -> torch.Tensor:
+        """The capsule's bytes where they are (a slab row or a pinned host row)."""
+        return self.slab[cap.slot] if cap.slot is not None else self.host[cap.host_slot]
+
+    def copy_out(self, cap: Capsule, dst: torch.Tensor) -> None:
+        """dst <- capsule bytes with one copy; marks the capsule recently used."""
+        src = self.source(cap)
+        if src.device == dst.device:
+            copy_bytes(dst, src)
+        else:
+            dst.copy_(src, non_blocking=True)
+        cap.last_used = next(self._clock)
+
+    def verify_stored(self, cap: Capsule) -> None:
+        """Recompute the checksum of the stored bytes; ValueError when they no longer match."""
+        now = device_checksum(self.source(cap).to(self.device))
+        if not torch.equal(now, cap.digest):
+            raise ValueError(
+                f"capsule {cap.info.id} is corrupted: stored bytes no longer match its checksum"
+            )
+
+    def drop(self, ref: str) -> CapsuleInfo:
+        cap = self.get(ref)
+        info = self.info(cap)
+        self._release(cap)
+        return info
+
+    def set_pinned(self, ref: str, pinned: bool) -> CapsuleInfo:
+        cap = self.get(ref)
+        if pinned and cap.slot is None:
+            raise ValueError(f"capsule {cap.info.id} lives in the host tier; restore it first")
+        cap.info = replace(cap.info, pinned=bool(pinned))
+        return self.info(cap)

@@ -1,0 +1,107 @@
+"""The state arena: every byte a session needs to continue, in ONE contiguous device allocation.
+
+One allocation is what makes a capsule a single copy: checkpoint, restore and branch move the
+whole arena with one device-to-device memcpy instead of one launch per tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+ALIGN = 256  # bytes; matches the CUDA allocator's alignment so every view is vector-aligned
+
+ROLES = ("kv", "recurrent", "conv", "queue", "noise", "goal", "counter", "meta", "user")
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One named region of the arena. `role` says what kind of state it is (ablations use it)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    role: str = "user"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _round_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str
+    offset: int
+    nbytes: int
+
+
+def plan_layout(spec: list[StateEntry]) -> tuple[list[LayoutRow], int]:
+    """Assign aligned offsets in declaration order; returns the rows and the padded total size."""
+    names = [e.name for e in spec]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate state names in spec: {names}")
+    rows, off = [], 0
+    for e in spec:
+        if e.role not in ROLES:
+            raise ValueError(f"state {e.name!r}: unknown role {e.role!r} (one of {ROLES})")
+        rows.append(
+            LayoutRow(e.name, str(e.dtype).replace("torch.", ""), tuple(e.shape), e.role, off, e.nbytes)
+        )
+        off = _round_up(off + e.nbytes)
+    return rows, max(off, ALIGN)
+
+
+class Arena:
+    """A session's state: `buf` is the one allocation, `views` are named tensors aliasing it."""
+
+    def __init__(self, spec: list[StateEntry], device: torch.device):
+        self.spec = list(spec)
+        self.rows, self.nbytes = plan_layout(self.spec)
+        self.device = torch.device(device)
+        # over-allocate by ALIGN so the base is aligned on any allocator (the CPU's gives 64)
+        self._raw = torch.zeros(self.nbytes + ALIGN, dtype=torch.uint8, device=self.device)
+        skew = (-self._raw.data_ptr()) % ALIGN
+        self.buf = self._raw[skew : skew + self.nbytes]
+        self.views: dict[str, torch.Tensor] = {}
+        for e, r in zip(self.spec, self.rows, strict=True):
+            raw = self.buf[r.offset : r.offset + r.nbytes]
+            self.views[e.name] = raw.view(e.dtype).view(e.shape)
+
+    def layout(self) -> list[dict]:
+        """The layout table: name, dtype, shape, role, offset, bytes."""
+        return [
+            {"name": r.name, "dtype": r.dtype, "shape": list(r.shape), "role": r.role,
+             "offset": r.offset, "nbytes": r.nbytes}
+            for r in self.rows
+        ]
+
+    def region(self, name: str) -> torch.Tensor:
+        """The raw bytes of one named region (for partial copies such as the KV-only ablation)."""
+        r = next(r for r in self.rows if r.name == name)
+        return self.buf[r.offset : r.offset + r.nbytes]
+
+    def snapshot_bytes(self) -> bytes:
+        """Host copy of the whole arena (tests and the disk tier; syncs)."""
+        return self.buf.cpu().numpy().tobytes()
+
+
+def fingerprint(policy_id: str, weights_digest: str, layout: list[dict], device_type: str) -> str:
+    """Digest of what makes a capsule meaningful: which policy, which weights, which layout, where."""
+    blob = json.dumps(
+        {"policy": policy_id, "weights": weights_digest, "layout": layout, "device": device_type},
+        sort_keys=True,
+    ).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]

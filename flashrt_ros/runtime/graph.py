@@ -1,0 +1,51 @@
+"""The graph plan: one session's step captured once as a CUDA graph and replayed every tick.
+
+On the CPU the same step function runs over the same static buffers (the reference path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class StepPlan:
+    """Replays `fn`, a closure over static buffers that updates them in place."""
+
+    def __init__(self, fn: Callable[[], None], device: torch.device, use_graph: bool = True):
+        self.fn = fn
+        self.device = torch.device(device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.use_graph = use_graph and self.device.type == "cuda"
+
+    def capture(self, protect: list[torch.Tensor], warmup: int = 3) -> None:
+        """Warm up on a side stream (lazy init, cuBLAS handles), then capture one step.
+
+        Warm-up really runs the step, so the buffers in `protect` are saved first and put back
+        after capture: building the plan leaves the session's state as it found it.
+        """
+        if not self.use_graph:
+            return
+        saved = [t.clone() for t in protect]
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(warmup):
+                self.fn()
+        cur.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            self.fn()
+        for t, s in zip(protect, saved, strict=True):
+            t.copy_(s)
+        torch.cuda.synchronize(self.device)
+        self.graph = graph
+
+    def replay(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            with torch.no_grad():
+                self.fn()

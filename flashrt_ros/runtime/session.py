@@ -1,0 +1,57 @@
+"""A session: one state arena, its static IO buffers and its captured step."""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_ros.policies.base import Policy
+from flashrt_ros.runtime.arena import Arena, StateEntry
+from flashrt_ros.runtime.graph import StepPlan
+
+
+def engine_entries(policy: Policy) -> list[StateEntry]:
+    """State every session has whatever the policy: goal, step counter, metadata."""
+    return [
+        StateEntry("goal", torch.float32, (1, policy.goal_dim), "goal"),
+        StateEntry("step", torch.int64, (1,), "counter"),
+        StateEntry("meta", torch.int64, (1, 4), "meta"),
+    ]
+
+
+class Session:
+    """Everything one stream of control needs; the engine steps and copies it at boundaries."""
+
+    def __init__(
+        self, name: str, policy: Policy, spec: list[StateEntry], device: torch.device,
+        seed: int, use_graph: bool,
+    ):
+        self.name = name
+        self.arena = Arena(spec, device)
+        self.views = self.arena.views
+        self.obs = torch.zeros((1, policy.obs_dim), dtype=torch.float32, device=device)
+        self.action = torch.zeros((1, policy.action_dim), dtype=torch.float32, device=device)
+        self.chunk = torch.zeros(
+            (1, policy.chunk_len, policy.action_dim), dtype=torch.float32, device=device
+        )
+        pin = torch.device(device).type == "cuda"
+        self.host_obs = torch.zeros(self.obs.shape, dtype=torch.float32, pin_memory=pin)
+        self.host_action = torch.zeros(self.action.shape, dtype=torch.float32, pin_memory=pin)
+        self.steps = 0  # host mirror of views["step"], so reading it never syncs
+        self.parent_id = ""
+        with torch.no_grad():
+            policy.init_state(self.views, seed)
+            self.views["meta"][0, 0] = int(seed)
+        views, obs, action, chunk, counter = self.views, self.obs, self.action, self.chunk, (
+            self.views["step"]
+        )
+
+        def step_fn() -> None:
+            policy.step(obs, views, action, chunk)
+            counter.add_(1)
+
+        self.plan = StepPlan(step_fn, device, use_graph)
+        self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])
+
+    @property
+    def captured(self) -> bool:
+        return self.plan.graph is not None

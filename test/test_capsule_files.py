@@ -1,0 +1,124 @@
+"""The disk tier: atomic files, reload in a new engine, and every kind of bad file refused."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from flashrt_ros.capsules import diskfmt
+from test.engine_util import make_engine, observations
+
+OBS = observations(300, seed=21)
+
+
+def run(eng, obs):
+    return np.array([eng.step(o) for o in obs])
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    eng = make_engine()
+    run(eng, OBS[:100])
+    cap = eng.checkpoint(name="ready")
+    expect = run(eng, OBS[100:250])
+    path = eng.save_capsule(cap.id, tmp_path / "ready.fcap")
+    return path, cap, expect
+
+
+def test_saved_capsule_continues_identically_in_a_new_engine(saved):
+    path, cap, expect = saved
+    fresh = make_engine()
+    info = fresh.load_capsule(path)
+    assert (info.name, info.step, info.checksum, info.id) == ("ready", 100, cap.checksum, cap.id)
+    fresh.restore("ready")
+    assert np.array_equal(run(fresh, OBS[100:250]), expect)
+    assert not list(path.parent.glob(".*tmp*"))  # no temp file left behind
+
+
+def test_capsule_dir_persists_and_reloads(tmp_path):
+    eng = make_engine(capsule_dir=tmp_path)
+    run(eng, OBS[:50])
+    eng.checkpoint(name="kept", persist=True)
+    eng.checkpoint(name="volatile")
+    expect = run(eng, OBS[50:120])
+    (tmp_path / "junk.fcap").write_bytes(b"garbage")  # skipped with a warning, not fatal
+    again = make_engine(capsule_dir=tmp_path)
+    assert [i.name for i in again.capsules()] == ["kept"]
+    again.restore("kept")
+    assert np.array_equal(run(again, OBS[50:120]), expect)
+    again.drop("kept")
+    assert not (tmp_path / "kept.fcap").exists()
+    with pytest.raises(ValueError, match="capsule_dir"):
+        make_engine().checkpoint(name="x", persist=True)
+
+
+def _mutations(data: bytes):
+    hlen = struct.unpack("<I", data[12:16])[0]
+    header = json.loads(data[16 : 16 + hlen])
+    bad_nbytes = dict(header, nbytes=header["nbytes"] + 4)
+    hb = json.dumps(bad_nbytes).encode()
+    return {
+        "truncated": data[:-100],
+        "truncated_header": data[: 16 + hlen // 2],
+        "trailing": data + b"\x00",
+        "payload_bit_flip": data[:-200] + bytes([data[-200] ^ 1]) + data[-199:],
+        "digest_flip": data[:-1] + bytes([data[-1] ^ 1]),
+        "bad_magic": b"NOTCAPS\x00" + data[8:],
+        "bad_version": data[:8] + struct.pack("<I", 99) + data[12:],
+        "huge_header_len": data[:12] + struct.pack("<I", 1 << 30) + data[16:],
+        "header_not_json": data[:16] + b"{" * hlen + data[16 + hlen :],
+        "header_fields": data[:12] + struct.pack("<I", len(hb)) + hb + data[16 + hlen :],
+        "empty": b"",
+        "foreign": b"PK\x03\x04" + bytes(range(256)) * 10,
+    }
+
+
+KINDS = [
+    "truncated", "truncated_header", "trailing", "payload_bit_flip", "digest_flip", "bad_magic",
+    "bad_version", "huge_header_len", "header_not_json", "header_fields", "empty", "foreign",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_files_are_refused_and_change_nothing(saved, tmp_path, kind):
+    path, _, _ = saved
+    bad = tmp_path / f"{kind}.fcap"
+    bad.write_bytes(_mutations(path.read_bytes())[kind])
+    eng = make_engine()
+    run(eng, OBS[:10])
+    before = eng.state_bytes()
+    with pytest.raises(ValueError):
+        eng.load_capsule(bad)
+    assert eng.capsules() == [] and eng.state_bytes() == before
+
+
+def test_missing_file_and_folder(tmp_path, saved):
+    eng = make_engine()
+    with pytest.raises(ValueError, match="cannot read"):
+        eng.load_capsule(tmp_path / "none.fcap")
+    cap = eng.checkpoint()
+    with pytest.raises(ValueError, match="does not exist"):
+        eng.save_capsule(cap.id, tmp_path / "no" / "dir.fcap")
+
+
+def test_payload_checksum_mismatch_with_valid_digest(saved, tmp_path):
+    """A file rewritten with a consistent digest but altered state is still refused."""
+    path, _, _ = saved
+    header, payload = diskfmt.read_capsule_file(path)
+    tampered = bytearray(payload)
+    tampered[5] ^= 0xFF
+    out = diskfmt.write_capsule_file(tmp_path / "tampered.fcap", header, bytes(tampered))
+    with pytest.raises(ValueError, match="checksum"):
+        make_engine().load_capsule(out)
+
+
+def test_load_refuses_a_taken_name(saved):
+    path, _, _ = saved
+    eng = make_engine()
+    eng.load_capsule(path)
+    with pytest.raises(ValueError, match="taken"):
+        eng.load_capsule(path)
+    assert eng.load_capsule(path, name="ready2").name == "ready2"

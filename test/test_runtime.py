@@ -1,0 +1,188 @@
+"""The runtime core on the CPU: static arena, the step plan, validation, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros import Engine, load_policy
+from flashrt_ros.policies.hybrid import HybridPolicy
+from flashrt_ros.runtime.arena import ALIGN
+from test.engine_util import make_engine, observations
+
+
+def eager_reference(policy: HybridPolicy, seed: int, obs: np.ndarray) -> np.ndarray:
+    """Plain eager PyTorch: the same policy over ordinary, separately allocated tensors."""
+    state = {
+        e.name: torch.zeros(e.shape, dtype=e.dtype) for e in policy.state_spec()
+    }
+    state["goal"] = torch.zeros(1, policy.goal_dim)
+    state["step"] = torch.zeros(1, dtype=torch.int64)
+    policy.init_state(state, seed)
+    out = []
+    with torch.no_grad():
+        for o in obs:
+            x = torch.as_tensor(o, dtype=torch.float32)[None]
+            act, _ = policy.forward_state(x, state, inplace=False)
+            state["step"] = state["step"] + 1
+            out.append(act[0].numpy().astype(np.float64))
+    return np.array(out)
+
+
+def test_plan_matches_eager_reference_for_500_steps():
+    eng = make_engine()
+    obs = observations(500)
+    served = np.array([eng.step(o) for o in obs])
+    ref = eager_reference(load_policy("builtin:hybrid"), 0, obs)
+    assert np.array_equal(served, ref)
+
+
+def test_same_seed_engines_agree_bit_for_bit_and_seed_matters():
+    obs = observations(120)
+    a, b = make_engine(seed=3), make_engine(seed=3)
+    ra = np.array([a.step(o) for o in obs])
+    rb = np.array([b.step(o) for o in obs])
+    assert np.array_equal(ra, rb)
+    assert a.state_bytes() == b.state_bytes()
+    c = make_engine(seed=4)
+    rc = np.array([c.step(o) for o in obs])
+    assert not np.array_equal(ra, rc)  # the noise key comes from the seed
+
+
+def test_policy_is_stateful():
+    eng = make_engine()
+    o = observations(1)[0]
+    first = eng.step(o)
+    for x in observations(30, seed=5):
+        eng.step(x)
+    assert not np.array_equal(first, eng.step(o))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.full(12, np.nan),
+        np.r_[np.zeros(11), np.inf],
+        np.r_[np.zeros(11), -np.inf],
+        np.zeros(11),
+        np.zeros(13),
+        np.zeros((1, 12)),
+        np.r_[np.zeros(11), 1e39],  # overflows float32
+        ["a"] * 12,
+        None,
+    ],
+)
+def test_refused_observation_changes_nothing(bad):
+    eng = make_engine()
+    for o in observations(10):
+        eng.step(o)
+    before, obs_before, step = eng.state_bytes(), eng.session("main").obs.clone(), eng.session_step()
+    with pytest.raises(ValueError):
+        eng.step(bad)
+    assert eng.state_bytes() == before
+    assert torch.equal(eng.session("main").obs, obs_before)
+    assert eng.session_step() == step
+
+
+def test_rollout_checks_every_row_first():
+    eng = make_engine()
+    obs = observations(5)
+    obs[3, 2] = np.nan
+    before = eng.state_bytes()
+    with pytest.raises(ValueError, match="row 3"):
+        eng.rollout(obs)
+    assert eng.state_bytes() == before
+
+
+def test_step_allocates_nothing_new():
+    """The arena and the IO buffers are the same storage for the session's whole life."""
+    eng = make_engine()
+    s = eng.session("main")
+    base = s.arena.buf.data_ptr()
+    ptrs = {k: v.data_ptr() for k, v in s.views.items()}
+    io = (s.obs.data_ptr(), s.action.data_ptr(), s.chunk.data_ptr())
+    assert base % ALIGN == 0
+    for k, v in s.views.items():
+        assert base <= v.data_ptr() < base + s.arena.nbytes, k
+        assert (v.data_ptr() - base) % ALIGN == 0, k
+    for o in observations(1000):
+        eng.step(o)
+    assert s.arena.buf.data_ptr() == base
+    assert {k: v.data_ptr() for k, v in s.views.items()} == ptrs
+    assert (s.obs.data_ptr(), s.action.data_ptr(), s.chunk.data_ptr()) == io
+    assert int(s.views["step"][0]) == 1000 == eng.session_step()
+
+
+def test_layout_table_and_fingerprint():
+    eng = make_engine()
+    roles = {r["role"] for r in eng.layout}
+    assert {"kv", "recurrent", "conv", "queue", "noise", "goal", "counter", "meta"} <= roles
+    ends = [r["offset"] + r["nbytes"] for r in eng.layout]
+    assert max(ends) <= eng.state_nbytes
+    assert all(r["offset"] % ALIGN == 0 for r in eng.layout)
+    # other weights or another layout give another fingerprint
+    other = Engine(load_policy("builtin:hybrid", kv_len=32), device="cpu")
+    assert other.fingerprint != eng.fingerprint
+    p = load_policy("builtin:hybrid")
+    with torch.no_grad():
+        p.head.bias.add_(1e-3)
+    assert Engine(p, device="cpu").fingerprint != eng.fingerprint
+
+
+def test_set_goal_validated_and_applied():
+    eng = make_engine()
+    ref = make_engine()
+    obs = observations(40)
+    for o in obs[:20]:
+        eng.step(o)
+        ref.step(o)
+    before = eng.state_bytes()
+    for bad in ([1.0] * 5, [math.nan] * 6, [[0.0] * 6]):
+        with pytest.raises(ValueError):
+            eng.set_goal(bad)
+    assert eng.state_bytes() == before
+    eng.set_goal([0.5] * 6)
+    assert np.allclose(eng.get_goal(), 0.5)
+    a = np.array([eng.step(o) for o in obs[20:]])
+    b = np.array([ref.step(o) for o in obs[20:]])
+    assert not np.array_equal(a, b)
+
+
+def test_sessions_limits_and_names():
+    eng = make_engine(max_sessions=2)
+    eng.create_session("alt")
+    with pytest.raises(RuntimeError, match="max_sessions"):
+        eng.create_session("third")
+    with pytest.raises(ValueError):
+        eng.create_session("bad/name")
+    with pytest.raises(ValueError, match="unknown session"):
+        eng.step(observations(1)[0], session="nope")
+    eng.drop_session("alt")
+    with pytest.raises(ValueError):
+        eng.drop_session("main")
+
+
+def test_device_resolution():
+    assert make_engine(device="auto").device.type in ("cpu", "cuda")
+    with pytest.raises(ValueError):
+        make_engine(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            make_engine(device="cuda")
+
+
+def test_load_policy_specs(tmp_path):
+    assert load_policy("builtin:hybrid").obs_dim == 12
+    p = load_policy("test.engine_util:make_engine".replace("make_engine", "tiny_policy"))
+    assert p.config.d_model == 16
+    for bad in ("builtin:nope", "", "no_such_module:f", "test.engine_util:observations",
+                str(tmp_path / "missing.pt2"), "plain words"):
+        with pytest.raises(ValueError):
+            load_policy(bad)
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"not a program")
+    with pytest.raises(ValueError, match="torch.export"):
+        load_policy(str(junk))

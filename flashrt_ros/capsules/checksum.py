@@ -19,14 +19,17 @@ def device_checksum(buf: torch.Tensor) -> torch.Tensor:
     if buf.dtype != torch.uint8 or buf.numel() % 4:
         raise ValueError("checksum needs a uint8 buffer whose length is a multiple of 4")
     words = buf.view(torch.int32)
-    acc = torch.zeros(2, dtype=torch.int64, device=buf.device)
+    dev = buf.device
+    m1 = torch.tensor([[a] for a, _ in _LANES], dtype=torch.int64, device=dev)
+    m2 = torch.tensor([[b] for _, b in _LANES], dtype=torch.int64, device=dev)
+    acc = torch.zeros(2, dtype=torch.int64, device=dev)
     for start in range(0, words.numel(), _CHUNK_WORDS):
         w = words[start : start + _CHUNK_WORDS].to(torch.int64) & _MASK32
-        idx = torch.arange(start, start + w.numel(), dtype=torch.int64, device=buf.device)
-        for lane, (m1, m2) in enumerate(_LANES):
-            x = ((w ^ ((idx * m1) & _MASK32)) * m2) & ((1 << 62) - 1)
-            x = x ^ (x >> 29)
-            acc[lane] += x.sum()
+        idx = torch.arange(start, start + w.numel(), dtype=torch.int64, device=dev)
+        # both lanes at once: (2, n) words mixed with their index, then summed mod 2**64
+        x = ((w[None] ^ ((idx[None] * m1) & _MASK32)) * m2) & ((1 << 62) - 1)
+        x = x ^ (x >> 29)
+        acc += x.sum(1)
     return acc
 
 

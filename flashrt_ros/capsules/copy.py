@@ -20,6 +20,7 @@ except Exception:  # pragma: no cover - depends on the machine
     _drv = None
 
 _driver_ok = _drv is not None
+_SUCCESS = _drv.CUresult.CUDA_SUCCESS if _drv is not None else None
 
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -28,14 +29,15 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.numel() != src.numel():
         raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
     if _driver_ok and dst.is_cuda and src.is_cuda:
-        stream = torch.cuda.current_stream(dst.device).cuda_stream
+        # the raw handle of the current stream, without building a torch Stream object
+        stream = torch._C._cuda_getCurrentRawStream(dst.get_device())
         try:
             (err,) = _drv.cuMemcpyDtoDAsync(dst.data_ptr(), src.data_ptr(), dst.numel(), stream)
         except Exception as e:  # binding mismatch: fall back for good, once
             log.warning("cuda-python copy unavailable (%s); using torch copies", e)
             _driver_ok = False
         else:
-            if err == _drv.CUresult.CUDA_SUCCESS:
+            if err == _SUCCESS:
                 return
             log.warning("cuMemcpyDtoDAsync failed (%s); using torch copies", err)
             _driver_ok = False

@@ -71,7 +71,11 @@ class Engine:
         capsule_dir: str | Path | None = None,
         max_sessions: int = 4,
         use_graph: bool = True,
+        fuse: bool | None = None,
     ):
+        """`use_graph` captures the step as a CUDA graph (CUDA only); `fuse` compiles it with
+        inductor before capture (default: on CUDA when capturing) so the graph holds fewer,
+        fused kernels."""
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
         self.device = resolve_device(device)
@@ -85,6 +89,8 @@ class Engine:
         self.seed = int(seed)
         self.max_sessions = int(max_sessions)
         self.use_graph = use_graph
+        on_cuda = self.device.type == "cuda"
+        self.fuse = bool(use_graph and on_cuda if fuse is None else fuse and on_cuda)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = [
@@ -134,7 +140,9 @@ class Engine:
             raise RuntimeError(
                 f"max_sessions={self.max_sessions} reached; drop a session or raise max_sessions"
             )
-        s = Session(name, self.policy, self.spec, self.device, self.seed, self.use_graph)
+        s = Session(
+            name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse
+        )
         self._sessions[name] = s
         return s
 

@@ -9,6 +9,25 @@ from flashrt_ros.runtime.arena import Arena, StateEntry
 from flashrt_ros.runtime.graph import StepPlan
 
 
+def raw_step(policy: Policy, obs, views, action, chunk) -> None:
+    """The whole tick: the policy step, then the engine-owned step counter."""
+    policy.step(obs, views, action, chunk)
+    views["step"].add_(1)
+
+
+_fused_step = None
+
+
+def fused_step():
+    """raw_step compiled by inductor (elementwise chains fused into few kernels), shared by all
+    sessions: same shapes, so one compilation serves every arena. It is captured into our own
+    graph afterwards; inductor's own cudagraphs are off because they skip in-place state."""
+    global _fused_step
+    if _fused_step is None:
+        _fused_step = torch.compile(raw_step, dynamic=False, fullgraph=False)
+    return _fused_step
+
+
 def engine_entries(policy: Policy) -> list[StateEntry]:
     """State every session has whatever the policy: goal, step counter, metadata."""
     return [
@@ -23,7 +42,7 @@ class Session:
 
     def __init__(
         self, name: str, policy: Policy, spec: list[StateEntry], device: torch.device,
-        seed: int, use_graph: bool,
+        seed: int, use_graph: bool, fuse: bool = False,
     ):
         self.name = name
         self.arena = Arena(spec, device)
@@ -41,13 +60,11 @@ class Session:
         with torch.no_grad():
             policy.init_state(self.views, seed)
             self.views["meta"][0, 0] = int(seed)
-        views, obs, action, chunk, counter = self.views, self.obs, self.action, self.chunk, (
-            self.views["step"]
-        )
+        views, obs, action, chunk = self.views, self.obs, self.action, self.chunk
+        body = fused_step() if fuse else raw_step
 
         def step_fn() -> None:
-            policy.step(obs, views, action, chunk)
-            counter.add_(1)
+            body(policy, obs, views, action, chunk)
 
         self.plan = StepPlan(step_fn, device, use_graph)
         self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])

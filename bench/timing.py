@@ -1,0 +1,44 @@
+"""Timing helpers for the GPU benchmarks: every sample waits for the device, medians reported."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+
+def host_timed(fn: Callable[[], None], iters: int, warmup: int = 20, sync=None) -> np.ndarray:
+    """Wall time per call in microseconds, synchronizing after each call (a control tick)."""
+    sync = sync or torch.cuda.synchronize
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = np.empty(iters)
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out[i] = (time.perf_counter() - t0) * 1e6
+    return out
+
+
+def event_timed(fn: Callable[[], None], iters: int, warmup: int = 5) -> np.ndarray:
+    """Device time per call in microseconds between two events (launch gaps included)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = np.empty(iters)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(iters):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out[i] = start.elapsed_time(end) * 1e3
+    return out
+
+
+def p(a: np.ndarray, q: float) -> float:
+    return round(float(np.percentile(a, q)), 2)

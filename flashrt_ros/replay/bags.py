@@ -1,0 +1,392 @@
+"""Read and write rosbag2 bags (sqlite3 and MCAP storage) with ``rosbags``; no rclpy.
+
+Bags are rosbag2 directories as ``ros2 bag record`` writes them (``metadata.yaml`` plus one or more
+``.db3`` / ``.mcap`` files); a bare ``.db3`` or ``.mcap`` file is read too. Messages are
+(de)serialized with the rosbags typestore of ROS 2 Kilted (``TYPESTORE_NAME``).
+
+Times: every timestamp here is the bag's receive time (``log_time``) in integer nanoseconds. For
+JointState the header stamp is kept as ``InputEvent.header_ns``; ``write_inputs`` writes
+``header_ns`` (or the receive time when it is 0) into the header.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rosbags.rosbag2 import Reader, ReaderError, StoragePlugin, Writer, WriterError
+from rosbags.typesys import Stores, get_typestore
+
+__all__ = [
+    "InputEvent",
+    "STORAGES",
+    "JOINT_STATE",
+    "FLOAT64_MULTI_ARRAY",
+    "JOINT_TRAJECTORY",
+    "typestore",
+    "detect_storage",
+    "list_topics",
+    "read_inputs",
+    "write_inputs",
+    "read_commands",
+    "write_commands",
+]
+
+STORAGES = ("sqlite3", "mcap")
+JOINT_STATE = "sensor_msgs/msg/JointState"
+FLOAT64_MULTI_ARRAY = "std_msgs/msg/Float64MultiArray"
+JOINT_TRAJECTORY = "trajectory_msgs/msg/JointTrajectory"
+
+TYPESTORE_NAME = "ROS2_KILTED" if hasattr(Stores, "ROS2_KILTED") else "ROS2_JAZZY"
+_TYPESTORE = None
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_MCAP_MAGIC = b"\x89MCAP0\r\n"
+_EMPTY = np.zeros(0, dtype=np.float64)
+
+
+def typestore():
+    """The shared rosbags typestore (ROS 2 Kilted, or Jazzy on an older rosbags)."""
+    global _TYPESTORE
+    if _TYPESTORE is None:
+        _TYPESTORE = get_typestore(getattr(Stores, TYPESTORE_NAME))
+    return _TYPESTORE
+
+
+@dataclass(eq=False)
+class InputEvent:
+    """One input message of a bag: a JointState (``kind="joint_states"``) or a goal (``"goal"``).
+
+    ``stamp_ns`` is the bag receive time. joint_states fill ``names``, ``position``, ``velocity``
+    (and ``header_ns``); goals fill ``data``. Unused arrays are empty float64 arrays.
+    """
+
+    kind: str
+    stamp_ns: int
+    names: list[str] = field(default_factory=list)
+    position: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
+    velocity: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
+    data: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
+    header_ns: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InputEvent):
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and self.stamp_ns == other.stamp_ns
+            and list(self.names) == list(other.names)
+            and self.header_ns == other.header_ns
+            and all(
+                np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64), equal_nan=True)
+                for a, b in (
+                    (self.position, other.position),
+                    (self.velocity, other.velocity),
+                    (self.data, other.data),
+                )
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# storage detection and opening
+
+
+def detect_storage(path: str | Path) -> str:
+    """Storage of a rosbag2 bag: ``"sqlite3"`` or ``"mcap"``; ValueError if missing or not a bag."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p}: no such bag (path does not exist)")
+    if p.is_dir():
+        meta = p / "metadata.yaml"
+        if not meta.is_file():
+            raise ValueError(f"{p}: not a rosbag2 bag (directory without metadata.yaml)")
+        try:
+            from ruamel.yaml import YAML
+
+            info = YAML(typ="safe").load(meta.read_text())["rosbag2_bagfile_information"]
+            storage = info["storage_identifier"]
+        except Exception as exc:  # noqa: BLE001 - any parse problem means "not a bag"
+            raise ValueError(f"{p}: not a rosbag2 bag (unreadable metadata.yaml: {exc})") from None
+        if storage not in STORAGES:
+            raise ValueError(
+                f"{p}: unsupported rosbag2 storage {storage!r} (expected one of {STORAGES})"
+            )
+        return str(storage)
+    try:
+        with p.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc}") from None
+    if head.startswith(_SQLITE_MAGIC) and p.suffix == ".db3":
+        return "sqlite3"
+    if head.startswith(_MCAP_MAGIC) and p.suffix == ".mcap":
+        return "mcap"
+    raise ValueError(
+        f"{p}: not a rosbag2 bag "
+        "(expected a bag directory with metadata.yaml, or a .db3 / .mcap file)"
+    )
+
+
+def _open(path: str | Path) -> Reader:
+    detect_storage(path)
+    try:
+        reader = Reader(Path(path))
+        reader.open()
+    except (ReaderError, FileNotFoundError, OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot open bag: {exc}") from None
+    return reader
+
+
+def _norm(topic: str) -> str:
+    return "/" + topic.strip("/")
+
+
+def _connections(reader: Reader, topic: str, msgtype: str, path) -> list:
+    conns = [c for c in reader.connections if _norm(c.topic) == _norm(topic)]
+    bad = sorted({c.msgtype for c in conns if c.msgtype != msgtype})
+    if bad:
+        raise ValueError(f"{path}: topic {topic!r} has type {', '.join(bad)}, expected {msgtype}")
+    return conns
+
+
+def _topics_text(reader: Reader) -> str:
+    topics = sorted({f"{c.topic} [{c.msgtype}]" for c in reader.connections})
+    return ", ".join(topics) if topics else "(none)"
+
+
+def list_topics(path: str | Path) -> dict[str, str]:
+    """Topic name -> message type of a bag."""
+    reader = _open(path)
+    try:
+        return {c.topic: c.msgtype for c in reader.connections}
+    finally:
+        reader.close()
+
+
+def _messages(reader: Reader, conns: list, path) -> Iterable[tuple]:
+    try:
+        yield from reader.messages(connections=conns)
+    except (ReaderError, OSError, KeyError) as exc:
+        raise ValueError(f"{path}: cannot read messages: {exc}") from None
+
+
+def _deserialize(raw, msgtype: str, path, stamp: int):
+    try:
+        return typestore().deserialize_cdr(raw, msgtype)
+    except Exception as exc:  # noqa: BLE001 - corrupted payloads surface as ValueError
+        raise ValueError(f"{path}: cannot deserialize {msgtype} at {stamp} ns: {exc}") from None
+
+
+def _stamp_ns(t) -> int:
+    return int(t.sec) * 1_000_000_000 + int(t.nanosec)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs (joint_states + goal)
+
+
+def read_inputs(
+    path: str | Path, joint_states_topic: str = "/joint_states", goal_topic: str = "/goal"
+) -> list[InputEvent]:
+    """JointState and goal (Float64MultiArray) messages, by receive time (ties in bag order).
+
+    Topics match with or without the leading slash. ValueError when the joint_states topic is
+    missing (the message lists the bag's topics) or has another type. The goal topic is optional.
+    """
+    reader = _open(path)
+    try:
+        js = _connections(reader, joint_states_topic, JOINT_STATE, path)
+        if not js:
+            raise ValueError(
+                f"{path}: no {joint_states_topic!r} topic ({JOINT_STATE}); "
+                f"the bag has: {_topics_text(reader)}"
+            )
+        goal = _connections(reader, goal_topic, FLOAT64_MULTI_ARRAY, path)
+        js_ids = {c.id for c in js}
+        events: list[InputEvent] = []
+        for conn, stamp, raw in _messages(reader, js + goal, path):
+            if conn.id in js_ids:
+                m = _deserialize(raw, JOINT_STATE, path, stamp)
+                events.append(
+                    InputEvent(
+                        kind="joint_states",
+                        stamp_ns=int(stamp),
+                        names=[str(n) for n in m.name],
+                        position=np.array(m.position, dtype=np.float64),
+                        velocity=np.array(m.velocity, dtype=np.float64),
+                        header_ns=_stamp_ns(m.header.stamp),
+                    )
+                )
+            else:
+                m = _deserialize(raw, FLOAT64_MULTI_ARRAY, path, stamp)
+                events.append(
+                    InputEvent(
+                        kind="goal", stamp_ns=int(stamp), data=np.array(m.data, dtype=np.float64)
+                    )
+                )
+    finally:
+        reader.close()
+    # rosbags yields each storage file in time order with ties in write order (sqlite: the
+    # timestamp index, i.e. rowid; MCAP: file offset); a stable sort merges split bags.
+    events.sort(key=lambda e: e.stamp_ns)
+    return events
+
+
+def _writer(path: str | Path, storage: str) -> Writer:
+    p = Path(path)
+    if storage not in STORAGES:
+        raise ValueError(f"unknown storage {storage!r}; expected one of {STORAGES}")
+    if p.exists() or p.is_symlink():
+        raise ValueError(f"{p} exists already; not overwriting")
+    plugin = StoragePlugin.SQLITE3 if storage == "sqlite3" else StoragePlugin.MCAP
+    return Writer(p, version=Writer.VERSION_LATEST, storage_plugin=plugin)
+
+
+def _check_stamp(stamp) -> int:
+    if isinstance(stamp, (bool, np.bool_)) or not isinstance(stamp, (int, np.integer)):
+        raise ValueError(f"timestamps must be integer nanoseconds, got {stamp!r}")
+    s = int(stamp)
+    if not 0 <= s < 2**63:
+        raise ValueError(f"timestamp out of range: {s}")
+    return s
+
+
+def _write(path: str | Path, storage: str, fill) -> None:
+    """Open a new bag, let ``fill(writer)`` write it; remove the partial bag on any error."""
+    writer = _writer(path, storage)
+    created = False
+    try:
+        writer.open()
+        created = True
+        fill(writer)
+        writer.close()
+    except BaseException as exc:
+        if created:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+            shutil.rmtree(path, ignore_errors=True)
+        if isinstance(exc, WriterError):
+            raise ValueError(f"{path}: cannot write bag: {exc}") from None
+        raise
+
+
+def _float_array(x, what: str) -> np.ndarray:
+    a = np.array(x, dtype=np.float64).reshape(-1) if np.ndim(x) <= 1 else None
+    if a is None:
+        raise ValueError(f"{what} must be 1-D, got shape {np.shape(x)}")
+    return a
+
+
+def _joint_state_msg(e: InputEvent):
+    ts = typestore()
+    T = ts.types
+    hns = e.header_ns or e.stamp_ns
+    header = T["std_msgs/msg/Header"](
+        stamp=T["builtin_interfaces/msg/Time"](
+            sec=hns // 1_000_000_000, nanosec=hns % 1_000_000_000
+        ),
+        frame_id="",
+    )
+    return T[JOINT_STATE](
+        header=header,
+        name=[str(n) for n in e.names],
+        position=_float_array(e.position, "position"),
+        velocity=_float_array(e.velocity, "velocity"),
+        effort=_EMPTY.copy(),
+    )
+
+
+def _float64_multi_array_msg(data):
+    T = typestore().types
+    layout = T["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+    return T[FLOAT64_MULTI_ARRAY](layout=layout, data=_float_array(data, "data"))
+
+
+def write_inputs(
+    path: str | Path,
+    events: Sequence[InputEvent],
+    storage: str = "sqlite3",
+    joint_states_topic: str = "/joint_states",
+    goal_topic: str = "/goal",
+) -> None:
+    """Write a joint_states (+ goal, if any event is one) bag in the given order.
+
+    Refuses an existing path (ValueError).
+    """
+    ts = typestore()
+    rows = []
+    for e in events:
+        if e.kind == "joint_states":
+            rows.append((0, _check_stamp(e.stamp_ns), _joint_state_msg(e)))
+        elif e.kind == "goal":
+            rows.append((1, _check_stamp(e.stamp_ns), _float64_multi_array_msg(e.data)))
+        else:
+            raise ValueError(f"unknown event kind {e.kind!r}")
+
+    def fill(w: Writer) -> None:
+        conns = [w.add_connection(joint_states_topic, JOINT_STATE, typestore=ts)]
+        if any(r[0] == 1 for r in rows):
+            conns.append(w.add_connection(goal_topic, FLOAT64_MULTI_ARRAY, typestore=ts))
+        types = (JOINT_STATE, FLOAT64_MULTI_ARRAY)
+        for which, stamp, msg in rows:
+            w.write(conns[which], stamp, ts.serialize_cdr(msg, types[which]))
+
+    _write(path, storage, fill)
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+def write_commands(
+    path: str | Path,
+    commands: Sequence[tuple[int, np.ndarray]],
+    storage: str = "sqlite3",
+    topic: str = "/commands",
+) -> None:
+    """Write ``(receive_time_ns, values)`` pairs as std_msgs/Float64MultiArray.
+
+    Refuses an existing path (ValueError).
+    """
+    ts = typestore()
+    rows = [
+        (_check_stamp(s), ts.serialize_cdr(_float64_multi_array_msg(v), FLOAT64_MULTI_ARRAY))
+        for s, v in commands
+    ]
+
+    def fill(w: Writer) -> None:
+        conn = w.add_connection(topic, FLOAT64_MULTI_ARRAY, typestore=ts)
+        for stamp, raw in rows:
+            w.write(conn, stamp, raw)
+
+    _write(path, storage, fill)
+
+
+def read_commands(path: str | Path, topic: str = "/commands") -> list[tuple[int, np.ndarray]]:
+    """``(receive_time_ns, values)`` of the Float64MultiArray messages on ``topic``, by time.
+
+    ValueError when the bag lacks the topic (the message lists the bag's topics) or it has
+    another type.
+    """
+    reader = _open(path)
+    try:
+        conns = _connections(reader, topic, FLOAT64_MULTI_ARRAY, path)
+        if not conns:
+            raise ValueError(
+                f"{path}: no {topic!r} topic ({FLOAT64_MULTI_ARRAY}); "
+                f"the bag has: {_topics_text(reader)}"
+            )
+        out = []
+        for _conn, stamp, raw in _messages(reader, conns, path):
+            m = _deserialize(raw, FLOAT64_MULTI_ARRAY, path, stamp)
+            out.append((int(stamp), np.array(m.data, dtype=np.float64)))
+    finally:
+        reader.close()
+    out.sort(key=lambda c: c[0])
+    return out

@@ -15,6 +15,16 @@ def raw_step(policy: Policy, obs, views, action, chunk) -> None:
     views["step"].add_(1)
 
 
+def arena_step(policy: Policy, buf, obs, action, chunk, table: tuple) -> None:
+    """raw_step over views made from the arena's bytes inside the call. The compiler sees one
+    mutated input (the arena) instead of many aliasing views of different dtypes, which
+    aot_autograd cannot functionalize."""
+    views = {
+        name: buf[off : off + n].view(dtype).view(shape) for name, dtype, shape, off, n in table
+    }
+    raw_step(policy, obs, views, action, chunk)
+
+
 _fused_step = None
 
 
@@ -24,7 +34,7 @@ def fused_step():
     graph afterwards; inductor's own cudagraphs are off because they skip in-place state."""
     global _fused_step
     if _fused_step is None:
-        _fused_step = torch.compile(raw_step, dynamic=False, fullgraph=False)
+        _fused_step = torch.compile(arena_step, dynamic=False)
     return _fused_step
 
 
@@ -61,10 +71,18 @@ class Session:
             policy.init_state(self.views, seed)
             self.views["meta"][0, 0] = int(seed)
         views, obs, action, chunk = self.views, self.obs, self.action, self.chunk
-        body = fused_step() if fuse else raw_step
+        buf = self.arena.buf
+        table = tuple(
+            (e.name, e.dtype, tuple(e.shape), r.offset, r.nbytes)
+            for e, r in zip(spec, self.arena.rows, strict=True)
+        )
+        fused = fused_step() if fuse else None
 
         def step_fn() -> None:
-            body(policy, obs, views, action, chunk)
+            if fused is not None:
+                fused(policy, buf, obs, action, chunk, table)
+            else:
+                raw_step(policy, obs, views, action, chunk)
 
         self.plan = StepPlan(step_fn, device, use_graph)
         self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])

@@ -1,0 +1,90 @@
+"""Shared fixtures: DDS isolation for every test, and a harness for tests that need ROS.
+
+Every test runs with ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST and its own ROS_DOMAIN_ID in
+os.environ (autouse), so subprocesses it starts stay on loopback and away from other tests. Inside
+a module that uses `ros_module`, tests keep that module's domain so they can reach its nodes.
+
+Fixtures (see ros_helpers.py for the API of RosHarness / NodeProcess):
+- `ros` / `ros_module`: RosHarness (rclpy Context + client node `ros.node`, `ros.start_node(...)`,
+  `ros.client(SrvType, name)`, `ros.call(client, request, timeout)`, `ros.spin_for(s)`,
+  `ros.spin_until(pred, timeout)`); all nodes it started are stopped at teardown.
+- `start_node`: shorthand for `ros.start_node`: start_node(params={}, extra_args=[], ...)
+  -> NodeProcess (`.service("list_capsules")`, `.topic("commands")`, `.log_tail()`, `.stop()`).
+- `ros_node`: the rclpy client node of `ros`.
+- `ros_domain`: the ROS_DOMAIN_ID of the current test (int).
+Tests needing ROS are skipped only when rclpy cannot be imported outside `make test`; with env.sh
+sourced (FLASHRT_ROOT set) a missing rclpy is an error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from test import ros_helpers
+from test.ros_helpers import (
+    HAVE_RCLPY,
+    RCLPY_IMPORT_ERROR,
+    RosHarness,
+    fresh_domain_id,
+    ros_harness,
+)
+
+
+def pytest_configure(config):
+    # rclpy -> rosidl_parser -> lark-parser 0.12 imports the deprecated sre_* modules
+    config.addinivalue_line("filterwarnings", "ignore:module 'sre_:DeprecationWarning")
+
+
+_module_domain: list[int] = []  # domain of the live `ros_module` harness, if any
+
+
+def require_rclpy() -> None:
+    if HAVE_RCLPY:
+        return
+    if os.environ.get("FLASHRT_ROOT"):
+        pytest.fail(f"env.sh is sourced but {RCLPY_IMPORT_ERROR}")
+    pytest.skip(RCLPY_IMPORT_ERROR or "rclpy not importable")
+
+
+@pytest.fixture(autouse=True)
+def ros_domain(monkeypatch) -> int:
+    """LOCALHOST discovery and a fresh ROS_DOMAIN_ID (or the module harness's) for every test."""
+    domain = _module_domain[-1] if _module_domain else fresh_domain_id()
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
+    monkeypatch.delenv("ROS_LOCALHOST_ONLY", raising=False)
+    return domain
+
+
+@pytest.fixture
+def ros(ros_domain, tmp_path) -> RosHarness:
+    require_rclpy()
+    with ros_harness(tmp_path / "ros", domain_id=ros_domain) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def ros_module(tmp_path_factory) -> RosHarness:
+    require_rclpy()
+    log_dir = tmp_path_factory.mktemp("ros_module")
+    with ros_harness(log_dir) as harness:
+        _module_domain.append(harness.domain_id)
+        try:
+            yield harness
+        finally:
+            _module_domain.remove(harness.domain_id)
+
+
+@pytest.fixture
+def start_node(ros):
+    return ros.start_node
+
+
+@pytest.fixture
+def ros_node(ros):
+    return ros.node
+
+
+__all__ = ["ros_helpers", "require_rclpy"]

@@ -1,0 +1,356 @@
+"""Helpers for tests that talk to a running flashrt node over DDS (kept on loopback).
+
+Plain functions and context managers, usable from fixtures of any scope (see conftest.py;
+import as `from test.ros_helpers import ...`):
+
+    with ros_harness(tmp_dir) as ros:           # fresh ROS_DOMAIN_ID, LOCALHOST discovery
+        node = ros.start_node({"trigger": "observation"})   # installed flashrt_node, waits for it
+        cli = ros.client(ListCapsules, node.service("list_capsules"))
+        resp = ros.call(cli, ListCapsules.Request(), timeout=10.0)
+
+Every node started is stopped (SIGINT, then SIGKILL) when the harness exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INSTALL_PREFIX = REPO_ROOT / "install" / "flashrt_ros"
+NODE_EXECUTABLE = INSTALL_PREFIX / "lib" / "flashrt_ros" / "flashrt_node"
+PARAMS_FILE = REPO_ROOT / "config" / "flashrt.yaml"
+
+try:  # rclpy is importable under `make test` (env.sh); elsewhere ROS tests are skipped
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+
+    RCLPY_IMPORT_ERROR: str | None = None
+except Exception as exc:  # pragma: no cover - depends on the environment
+    rclpy = None  # type: ignore[assignment]
+    RCLPY_IMPORT_ERROR = f"rclpy not importable ({exc!r}); run the tests via `make test`"
+
+HAVE_RCLPY = RCLPY_IMPORT_ERROR is None
+
+# Test domains are 101..200 (env.sh picks 1..100 for interactive use); spread by pid so that
+# concurrent pytest processes on one machine do not meet.
+_DOMAIN_BASE = 101
+_DOMAIN_SPAN = 100
+_domain_counter = itertools.count()
+
+
+def fresh_domain_id() -> int:
+    """A ROS_DOMAIN_ID not used before by this process (cycles after 100 calls)."""
+    n = next(_domain_counter)
+    return _DOMAIN_BASE + (os.getpid() * 7 + n) % _DOMAIN_SPAN
+
+
+@contextlib.contextmanager
+def ros_domain(domain_id: int | None = None) -> Iterator[int]:
+    """Set ROS_DOMAIN_ID (fresh unless given) and LOCALHOST discovery in os.environ; restore."""
+    domain_id = fresh_domain_id() if domain_id is None else int(domain_id)
+    keys = ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOCALHOST_ONLY")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ["ROS_DOMAIN_ID"] = str(domain_id)
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    os.environ.pop("ROS_LOCALHOST_ONLY", None)
+    try:
+        yield domain_id
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ros_param_args(params: dict[str, Any] | None) -> list[str]:
+    """`-p name:=value` overrides; values are written as YAML (JSON is valid YAML)."""
+    args: list[str] = []
+    for name, value in (params or {}).items():
+        if isinstance(value, tuple):
+            value = list(value)
+        args += ["-p", f"{name}:={json.dumps(value)}"]
+    return args
+
+
+def _join(namespace: str, name: str) -> str:
+    ns = "/" + namespace.strip("/") if namespace.strip("/") else ""
+    return f"{ns}/{name}"
+
+
+class NodeProcess:
+    """A flashrt_node process started by start_node / RosHarness.start_node."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, name: str, namespace: str):
+        self.proc = proc
+        self.log_path = log_path
+        self.name = name
+        self.namespace = namespace
+        self.fqn = _join(namespace, name)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def service(self, short: str) -> str:
+        """Full name of a private service: service("list_capsules") -> /ns/flashrt/list_capsules."""
+        return f"{self.fqn}/{short.lstrip('~/')}"
+
+    def topic(self, name: str) -> str:
+        """Full name of a relative topic: topic("commands") -> /ns/commands."""
+        return _join(self.namespace, name)
+
+    def log_tail(self, n_lines: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "<no log>"
+        return "\n".join(lines[-n_lines:])
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGINT, then SIGKILL after `timeout` s. Returns the exit code."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def __repr__(self) -> str:
+        return f"NodeProcess({self.fqn}, pid={self.proc.pid}, log={self.log_path})"
+
+
+def launch_node(
+    params: dict[str, Any] | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    log_dir: Path,
+    name: str = "flashrt",
+    namespace: str = "",
+    params_file: Path | str | None = PARAMS_FILE,
+    executable: Path | str = NODE_EXECUTABLE,
+    env: dict[str, str] | None = None,
+) -> NodeProcess:
+    """Start the installed flashrt_node without waiting; stdout+stderr go to a log in log_dir.
+
+    `extra_args` go after `--ros-args` (e.g. ["-r", "joint_states:=/sim/joint_states"]).
+    """
+    executable = Path(executable)
+    if not executable.exists():
+        raise FileNotFoundError(f"{executable} is not built: run `make setup`")
+    ros_args = ["--ros-args", "-r", f"__node:={name}"]
+    if namespace.strip("/"):
+        ros_args += ["-r", f"__ns:=/{namespace.strip('/')}"]
+    if params_file:
+        ros_args += ["--params-file", str(params_file)]
+    ros_args += ros_param_args(params)
+    ros_args += list(extra_args)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}{'_' + namespace.strip('/').replace('/', '_') if namespace.strip('/') else ''}"
+    log_path = log_dir / f"node_{stem}_{int(time.time() * 1000) % 10**8}.log"
+    proc_env = dict(os.environ if env is None else env)
+    proc_env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    proc_env["PYTHONUNBUFFERED"] = "1"
+    proc_env.setdefault("RCUTILS_LOGGING_BUFFERED_STREAM", "0")
+    with open(log_path, "wb") as log:
+        log.write(f"$ {executable} {' '.join(ros_args)}\n".encode())
+        log.flush()
+        # the executable is a `#!/usr/bin/env python3` launcher: run it with this interpreter
+        proc = subprocess.Popen(
+            [sys.executable, str(executable), *ros_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=proc_env,
+            cwd=str(REPO_ROOT),
+        )
+    return NodeProcess(proc, log_path, name, namespace)
+
+
+def call(node, client, request, timeout: float = 10.0):
+    """Call a service and spin `node` (in its own context) until the reply; raise on timeout."""
+    deadline = time.monotonic() + timeout
+    if not client.wait_for_service(timeout_sec=timeout):
+        raise TimeoutError(f"service {client.srv_name} not available after {timeout} s")
+    future = client.call_async(request)
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    try:
+        while not future.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            executor.spin_once(timeout_sec=min(left, 0.1))
+    finally:
+        executor.remove_node(node)
+        executor.shutdown(timeout_sec=0)
+    if not future.done():
+        future.cancel()
+        raise TimeoutError(f"no reply from {client.srv_name} within {timeout} s")
+    if future.exception() is not None:
+        raise future.exception()
+    return future.result()
+
+
+def spin_for(node, seconds: float) -> None:
+    """Spin `node` (subscriptions, timers) for `seconds`."""
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    try:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            executor.spin_once(timeout_sec=min(left, 0.05))
+    finally:
+        executor.remove_node(node)
+        executor.shutdown(timeout_sec=0)
+
+
+def spin_until(node, predicate, timeout: float = 10.0) -> bool:
+    """Spin `node` until predicate() is true; returns its last value."""
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    try:
+        end = time.monotonic() + timeout
+        while not predicate():
+            left = end - time.monotonic()
+            if left <= 0:
+                return bool(predicate())
+            executor.spin_once(timeout_sec=min(left, 0.05))
+        return True
+    finally:
+        executor.remove_node(node)
+        executor.shutdown(timeout_sec=0)
+
+
+class RosHarness:
+    """One DDS domain, one rclpy Context with a client node, and the node processes started.
+
+    Attributes: domain_id, context, node (rclpy Node named flashrt_test_client), log_dir.
+    """
+
+    def __init__(self, log_dir: Path, domain_id: int):
+        if not HAVE_RCLPY:
+            raise RuntimeError(RCLPY_IMPORT_ERROR)
+        self.log_dir = Path(log_dir)
+        self.domain_id = domain_id
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = rclpy.create_node(f"flashrt_test_client_{os.getpid()}", context=self.context)
+        self.processes: list[NodeProcess] = []
+        self._clients: dict[tuple[type, str], Any] = {}
+
+    # -- node processes
+    def start_node(
+        self,
+        params: dict[str, Any] | None = None,
+        extra_args: Sequence[str] = (),
+        *,
+        name: str = "flashrt",
+        namespace: str = "",
+        wait_services: Sequence[str] = ("list_capsules",),
+        timeout: float = 60.0,
+        **launch_kwargs: Any,
+    ) -> NodeProcess:
+        """Start the installed flashrt_node in this domain and wait until its services answer
+        discovery (fails with the node's log tail if it exits or times out)."""
+        env = dict(os.environ)
+        env["ROS_DOMAIN_ID"] = str(self.domain_id)
+        env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+        proc = launch_node(
+            params,
+            extra_args,
+            log_dir=self.log_dir,
+            name=name,
+            namespace=namespace,
+            env=env,
+            **launch_kwargs,
+        )
+        self.processes.append(proc)
+        try:
+            self.wait_for_services(proc, wait_services, timeout)
+        except BaseException:
+            proc.stop()
+            raise
+        return proc
+
+    def wait_for_services(
+        self, proc: NodeProcess, services: Sequence[str], timeout: float = 60.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        for short in services:
+            full = proc.service(short)
+            while True:
+                names = {n for n, _ in self.node.get_service_names_and_types()}
+                if full in names:
+                    break
+                if not proc.alive():
+                    raise RuntimeError(
+                        f"{proc} exited with {proc.proc.returncode} before offering {full}; "
+                        f"log tail:\n{proc.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{proc} did not offer {full} within {timeout} s; log tail:\n"
+                        f"{proc.log_tail()}"
+                    )
+                spin_for(self.node, 0.1)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+
+    # -- clients
+    def client(self, srv_type, name: str):
+        """A cached service client of the harness node."""
+        key = (srv_type, name)
+        if key not in self._clients:
+            self._clients[key] = self.node.create_client(srv_type, name)
+        return self._clients[key]
+
+    def call(self, client, request, timeout: float = 10.0):
+        return call(self.node, client, request, timeout)
+
+    def spin_for(self, seconds: float) -> None:
+        spin_for(self.node, seconds)
+
+    def spin_until(self, predicate, timeout: float = 10.0) -> bool:
+        return spin_until(self.node, predicate, timeout)
+
+    def close(self) -> None:
+        try:
+            self.stop_all()
+        finally:
+            with contextlib.suppress(Exception):
+                self.node.destroy_node()
+            with contextlib.suppress(Exception):
+                rclpy.shutdown(context=self.context)
+
+
+@contextlib.contextmanager
+def ros_harness(log_dir: Path, domain_id: int | None = None) -> Iterator[RosHarness]:
+    """Fresh domain (in os.environ too), rclpy context + client node; everything torn down."""
+    with ros_domain(domain_id) as dom:
+        harness = RosHarness(Path(log_dir), dom)
+        try:
+            yield harness
+        finally:
+            harness.close()

@@ -1,0 +1,162 @@
+"""The package as built by `make setup`: interfaces, node over DDS, launch and config files."""
+
+from __future__ import annotations
+
+import ast
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test.ros_helpers import INSTALL_PREFIX, NODE_EXECUTABLE, PARAMS_FILE, REPO_ROOT
+
+# DESIGN.md section 5: every parameter and its default
+DEFAULTS = {
+    "policy": "builtin:hybrid",
+    "weights": "",
+    "device": "auto",
+    "trigger": "timer",
+    "rate_hz": 100.0,
+    "joint_names": [f"joint{i}" for i in range(1, 7)],
+    "output": "commands",
+    "obs_timeout_s": 0.5,
+    "capsule_slots": 16,
+    "host_capsule_slots": 0,
+    "capsule_dir": "",
+    "max_sessions": 4,
+    "seed": 0,
+    "autostart": True,
+}
+
+SERVICES = ["Checkpoint", "Restore", "Branch", "ListCapsules", "DropCapsule", "Rollout"]
+EXECUTABLES = ["flashrt_node", "flashrt-replay", "flashrt-bagdiff", "flashrt_sim_arm"]
+
+
+def test_dds_isolation_env(ros_domain):
+    assert os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
+    assert os.environ["ROS_DOMAIN_ID"] == str(ros_domain)
+    assert 101 <= ros_domain <= 200
+
+
+def test_params_file_has_every_default():
+    data = yaml.safe_load(PARAMS_FILE.read_text())
+    params = data["/**"]["ros__parameters"]
+    assert params == DEFAULTS
+    assert type(params["rate_hz"]) is float and type(params["obs_timeout_s"]) is float
+
+
+def test_launch_file_declares_args_and_default_params():
+    src = (REPO_ROOT / "launch" / "flashrt.launch.py").read_text()
+    tree = ast.parse(src)
+    declared = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "DeclareLaunchArgument"
+    }
+    assert {"namespace", "params_file", "device", "trigger"} <= declared
+    assert {"joint_states_topic", "commands_topic", "goal_topic"} <= declared
+    assert any(
+        isinstance(f, ast.FunctionDef) and f.name == "generate_launch_description"
+        for f in tree.body
+    )
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert "flashrt_node" in strings and "flashrt_ros" in strings
+    # the default params file is share/flashrt_ros/config/flashrt.yaml
+    assert "config" in strings and "flashrt.yaml" in strings
+    assert (REPO_ROOT / "config" / "flashrt.yaml").is_file()
+    installed = INSTALL_PREFIX / "share" / "flashrt_ros" / "config" / "flashrt.yaml"
+    assert installed.is_file(), "config not installed: run `make setup`"
+    assert yaml.safe_load(installed.read_text())["/**"]["ros__parameters"] == DEFAULTS
+
+
+def test_package_xml():
+    root = ET.parse(REPO_ROOT / "package.xml").getroot()
+    assert root.tag == "package" and root.get("format") == "3"
+    assert root.findtext("name") == "flashrt_ros"
+    assert root.find("export").findtext("build_type") == "ament_cmake"
+    deps = {
+        el.text for el in root if el.tag.endswith("depend") and el.tag != "test_depend" and el.text
+    }
+    for dep in [
+        "rclpy",
+        "std_msgs",
+        "sensor_msgs",
+        "trajectory_msgs",
+        "diagnostic_msgs",
+        "builtin_interfaces",
+        "lifecycle_msgs",
+        "rosidl_default_generators",
+        "rosidl_default_runtime",
+    ]:
+        assert dep in deps, dep
+    assert "rosidl_default_generators" in {e.text for e in root.findall("buildtool_depend")}
+    assert root.findtext("member_of_group") == "rosidl_interface_packages"
+    assert "python3-pytest" in {e.text for e in root.findall("test_depend")}
+
+
+def test_installed_layout():
+    for exe in EXECUTABLES:
+        path = INSTALL_PREFIX / "lib" / "flashrt_ros" / exe
+        assert path.exists() and os.access(path, os.X_OK), path
+    site = next((INSTALL_PREFIX / "lib").glob("python3.*/site-packages"))
+    pkg = site / "flashrt_ros"
+    # our __init__.py, not rosidl's empty one; our subpackages beside msg/ and srv/
+    assert (pkg / "__init__.py").resolve() == (REPO_ROOT / "flashrt_ros" / "__init__.py")
+    for sub in ["msg", "srv", "runtime", "capsules", "policies", "replay", "sim", "node"]:
+        assert (pkg / sub / "__init__.py").exists(), sub
+    # symlink install: edits of source files are live in install/
+    assert (pkg / "runtime" / "__init__.py").resolve() == (
+        REPO_ROOT / "flashrt_ros" / "runtime" / "__init__.py"
+    )
+
+
+def test_generated_interfaces_import():
+    pytest.importorskip("rclpy", reason="rclpy not importable: run via `make test`")
+    import flashrt_ros.srv as srv
+    from flashrt_ros.msg import CapsuleInfo
+
+    info = CapsuleInfo()
+    assert info.id == "" and info.step == 0 and info.pinned is False
+    assert type(info.stamp).__name__ == "Time"
+    for name in SERVICES:
+        cls = getattr(srv, name)
+        cls.Request()
+        cls.Response()
+    resp = srv.ListCapsules.Response()
+    assert list(resp.capsules) == [] and resp.live_session == ""
+    req = srv.Rollout.Request(observations=[0.0, 1.0], n_steps=1)
+    assert list(req.observations) == [0.0, 1.0]
+    assert hasattr(srv.Branch.Request(), "goal")
+
+
+def test_node_offers_list_capsules_over_dds(ros, start_node):
+    from flashrt_ros.srv import ListCapsules
+
+    assert NODE_EXECUTABLE.exists()
+    node = start_node({"device": "cpu"})
+    assert node.alive()
+    client = ros.client(ListCapsules, node.service("list_capsules"))
+    resp = ros.call(client, ListCapsules.Request(), timeout=20.0)
+    assert isinstance(resp, ListCapsules.Response)
+    node.stop()
+    assert not node.alive()
+
+
+def test_node_in_namespace(ros):
+    from flashrt_ros.srv import ListCapsules
+
+    node = ros.start_node({"device": "cpu"}, namespace="arm_a")
+    assert node.service("list_capsules") == "/arm_a/flashrt/list_capsules"
+    resp = ros.call(ros.client(ListCapsules, node.service("list_capsules")), ListCapsules.Request())
+    assert isinstance(resp, ListCapsules.Response)
+
+
+def test_rmw_is_fastrtps():
+    rclpy = pytest.importorskip("rclpy", reason="rclpy not importable: run via `make test`")
+    from rclpy.utilities import get_rmw_implementation_identifier
+
+    assert get_rmw_implementation_identifier() == "rmw_fastrtps_cpp"
+    assert Path(rclpy.__file__).exists()

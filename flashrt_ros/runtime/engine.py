@@ -253,6 +253,16 @@ class Engine:
             s.views["goal"][0].copy_(torch.from_numpy(g))
         return self.pool.info(cap)
 
+    def copy_session(self, src: str, dst: str) -> None:
+        """Fork a session's current state into `dst` (created if needed) with one copy, without
+        using a pool slot (a scratch fork must not evict anybody's capsule)."""
+        a = self.session(src)
+        check_session_name(dst)
+        b = self._sessions.get(dst) or self.create_session(dst)
+        if b is not a:
+            b.arena.buf.copy_(a.arena.buf)
+            b.steps, b.parent_id = a.steps, a.parent_id
+
     def rollback(self, session: str = "main", verify: bool = True) -> CapsuleInfo:
         """Restore the newest capsule taken from `session`."""
         self.session(session)

@@ -1,0 +1,49 @@
+"""Conversions between the core's types and ROS messages."""
+
+from __future__ import annotations
+
+import numpy as np
+from builtin_interfaces.msg import Duration, Time
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from flashrt_ros.capsules.info import CapsuleInfo
+from flashrt_ros.msg import CapsuleInfo as CapsuleInfoMsg
+
+
+def stamp_to_time(stamp: float) -> Time:
+    sec = int(stamp)
+    return Time(sec=sec, nanosec=int(round((stamp - sec) * 1e9)) % 1_000_000_000)
+
+
+def capsule_msg(info: CapsuleInfo) -> CapsuleInfoMsg:
+    return CapsuleInfoMsg(
+        id=info.id, name=info.name, session=info.session, parent_id=info.parent_id,
+        step=int(info.step), nbytes=int(info.nbytes), tier=info.tier, checksum=info.checksum,
+        pinned=bool(info.pinned), stamp=stamp_to_time(info.stamp),
+    )
+
+
+def command_msg(action: np.ndarray) -> Float64MultiArray:
+    msg = Float64MultiArray()
+    msg.data = action.tolist()
+    return msg
+
+
+def trajectory_msg(
+    chunk: np.ndarray, joint_names: list[str], dt: float, stamp: Time
+) -> JointTrajectory:
+    """The action chunk as a trajectory: point k is reached k+1 control periods from now."""
+    msg = JointTrajectory()
+    msg.header.stamp = stamp
+    msg.joint_names = joint_names
+    for k, row in enumerate(chunk):
+        t = (k + 1) * dt
+        sec = int(t)
+        msg.points.append(
+            JointTrajectoryPoint(
+                positions=row.tolist(),
+                time_from_start=Duration(sec=sec, nanosec=int(round((t - sec) * 1e9))),
+            )
+        )
+    return msg

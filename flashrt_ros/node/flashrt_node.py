@@ -1,0 +1,263 @@
+"""The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
+
+Threads: rclpy's executor runs subscriptions (joint_states and goal in one mutually exclusive
+group, so they are handled in arrival order) and services (a reentrant group); the timer trigger
+runs its own thread. Every Engine call holds `engine_lock`, so a service request always lands
+between two steps: at the next commit boundary, or at once when the loop is idle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+from rclpy.qos import QoSDurabilityPolicy, QoSProfile, qos_profile_sensor_data
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+
+from flashrt_ros.node import params
+from flashrt_ros.node.convert import command_msg, trajectory_msg
+from flashrt_ros.node.joints import JointMapper
+from flashrt_ros.node.loop import TimerLoop
+from flashrt_ros.node.services import CapsuleServices
+from flashrt_ros.node.stats import LoopStats
+from flashrt_ros.policies.loader import load_policy
+from flashrt_ros.runtime.engine import Engine
+
+SCRATCH = "_rollout"  # the session Rollout forks into; hidden from users
+
+
+class FlashrtNode(LifecycleNode):
+    def __init__(self, **kwargs):
+        super().__init__("flashrt", **kwargs)
+        params.declare(self)
+        self.cfg: params.NodeConfig | None = None
+        self.engine: Engine | None = None
+        self.engine_lock = threading.Lock()
+        self.live = "main"
+        self.active = False
+        self.stats = LoopStats()
+        self.mapper: JointMapper | None = None
+        self._obs_lock = threading.Lock()
+        self._latest_obs: np.ndarray | None = None
+        self._latest_t = 0.0
+        self._loop: TimerLoop | None = None
+        self._pub_cmd = self._pub_traj = None
+        self._cb_inputs = MutuallyExclusiveCallbackGroup()
+        self._cb_services = ReentrantCallbackGroup()
+        self._subs = []
+        self.capsule_services = CapsuleServices(self, self._cb_services)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+        self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
+        self.create_timer(1.0, self._publish_diagnostics, callback_group=self._cb_services)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        try:
+            cfg = params.read(self)
+            policy = load_policy(cfg.policy, weights=cfg.weights or None)
+            mapper = JointMapper(cfg.joint_names)
+            if policy.action_dim != mapper.n or policy.obs_dim != 2 * mapper.n:
+                raise ValueError(
+                    f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
+                    f"{policy.action_dim} actions; joint_names has {mapper.n} joints"
+                )
+            t0 = time.monotonic()
+            engine = Engine(
+                policy, device=cfg.device, seed=cfg.seed, capsule_slots=cfg.capsule_slots,
+                host_capsule_slots=cfg.host_capsule_slots, capsule_dir=cfg.capsule_dir or None,
+                max_sessions=cfg.max_sessions + 1,  # + the hidden rollout session
+            )
+        except (ValueError, RuntimeError, OSError) as e:
+            self.get_logger().error(f"configure failed: {e}")
+            return TransitionCallbackReturn.FAILURE
+        self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
+        self._pub_cmd = self._pub_traj = None
+        if cfg.output in ("commands", "both"):
+            self._pub_cmd = self.create_lifecycle_publisher(Float64MultiArray, "commands", 10)
+        if cfg.output in ("joint_trajectory", "both"):
+            self._pub_traj = self.create_lifecycle_publisher(JointTrajectory, "joint_trajectory", 10)
+        self._subs = [
+            self.create_subscription(
+                Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._cb_inputs
+            ),
+            self.create_subscription(
+                JointState, "joint_states", self._on_joint_states,
+                qos_profile_sensor_data if cfg.trigger == "timer" else 100,
+                callback_group=self._cb_inputs,
+            ),
+        ]
+        self.get_logger().info(
+            f"configured {policy.policy_id} on {engine.device} "
+            f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
+            f"state {engine.state_nbytes} B, {cfg.capsule_slots} capsule slots, "
+            f"trigger {cfg.trigger}, {len(engine.capsules())} capsules reloaded, "
+            f"{time.monotonic() - t0:.2f} s"
+        )
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        with self._obs_lock:
+            self._latest_obs = None  # never act on an observation from before activation
+        self.active = True
+        if self.cfg.trigger == "timer":
+            self._loop = TimerLoop(self.cfg.rate_hz, self._timer_tick, self._on_timing)
+            self._loop.start()
+        self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        self.active = False
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+        self.get_logger().info("inactive: no more commands, the robot holds")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._release()
+        self.get_logger().info("cleaned up: engine and GPU memory freed")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        self.active = False
+        if self._loop is not None:
+            self._loop.stop()
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        for s in self._subs:
+            self.destroy_subscription(s)
+        self._subs = []
+        for p in (self._pub_cmd, self._pub_traj):
+            if p is not None:
+                self.destroy_lifecycle_publisher(p)
+        self._pub_cmd = self._pub_traj = None
+        with self.engine_lock:
+            self.engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _refuse(self, why: str) -> None:
+        with self.stats.lock:
+            self.stats.refused += 1
+            self.stats.last_refusal = why
+        self.get_logger().warning(f"refused input: {why}", throttle_duration_sec=2.0)
+
+    def _on_joint_states(self, msg: JointState) -> None:
+        if self.mapper is None:
+            return
+        try:
+            obs = self.mapper.observation(msg.name, msg.position, msg.velocity)
+        except ValueError as e:
+            self._refuse(str(e))
+            return
+        if self.cfg.trigger == "observation":
+            if self.active:
+                self._step(obs)
+            return
+        with self._obs_lock:
+            self._latest_obs, self._latest_t = obs, time.monotonic()
+
+    def _on_goal(self, msg: Float64MultiArray) -> None:
+        with self.engine_lock:
+            if self.engine is None:
+                return
+            try:
+                self.engine.set_goal(msg.data, session=self.live)
+            except ValueError as e:
+                self._refuse(f"goal: {e}")
+                return
+        self._goal_echo.publish(Float64MultiArray(data=list(msg.data)))
+        self.get_logger().info(f"goal applied: {np.round(msg.data, 3).tolist()}")
+
+    # -- stepping ----------------------------------------------------------------------------------
+    def _timer_tick(self) -> None:
+        with self._obs_lock:
+            obs, t = self._latest_obs, self._latest_t
+        if obs is None or time.monotonic() - t > self.cfg.obs_timeout_s:
+            with self.stats.lock:
+                self.stats.stale_ticks += 1
+                self.stats.stale_s += self._loop.period if self._loop else 0.0
+            return  # stale: no step, no command; the robot holds
+        self._step(obs)
+
+    def _step(self, obs: np.ndarray) -> None:
+        t0 = time.monotonic()
+        with self.engine_lock:
+            eng = self.engine
+            if eng is None:
+                return
+            try:
+                action = eng.step(obs, session=self.live)
+                chunk = eng.last_chunk(self.live) if self._pub_traj is not None else None
+            except ValueError as e:
+                self._refuse(str(e))
+                return
+        dt = time.monotonic() - t0
+        if self._pub_cmd is not None:
+            self._pub_cmd.publish(command_msg(action))
+        if chunk is not None:
+            stamp = self.get_clock().now().to_msg()
+            self._pub_traj.publish(
+                trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
+            )
+        with self.stats.lock:
+            self.stats.steps += 1
+            self.stats.step_us.add(dt * 1e6)
+            self.stats.tick_times.add(t0)
+
+    def _on_timing(self, jitter: float, missed: int) -> None:
+        with self.stats.lock:
+            self.stats.jitter_us.add(abs(jitter) * 1e6)
+            self.stats.overruns += missed
+
+    # -- diagnostics -------------------------------------------------------------------------------
+    def _publish_diagnostics(self) -> None:
+        st = self.stats
+        rate = st.rate(time.monotonic())
+        with st.lock:
+            kv = {
+                "state": "active" if self.active else ("inactive" if self.engine else "unconfigured"),
+                "rate_hz": f"{rate:.1f}",
+                "steps": str(st.steps),
+                "step_p50_us": f"{st.step_us.pct(50):.1f}",
+                "step_p99_us": f"{st.step_us.pct(99):.1f}",
+                "jitter_p99_us": f"{st.jitter_us.pct(99):.1f}",
+                "overruns": str(st.overruns),
+                "refused_inputs": str(st.refused),
+                "last_refusal": st.last_refusal,
+                "stale_ticks": str(st.stale_ticks),
+                "stale_s": f"{st.stale_s:.2f}",
+            }
+        level, message = DiagnosticStatus.OK, "stepping"
+        with self.engine_lock:
+            eng = self.engine
+            if eng is not None:
+                kv["live_session"] = self.live
+                kv["sessions"] = ",".join(s for s in eng.sessions() if s != SCRATCH)
+                kv["capsules"] = str(len(eng.pool.caps))
+                kv["pool_bytes_used"] = str(eng.pool.bytes_used())
+                kv["pool_bytes_total"] = str(eng.pool.bytes_total())
+                kv["device"] = str(eng.device)
+        if not self.active:
+            level, message = DiagnosticStatus.WARN, kv["state"]
+        elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
+            level, message = DiagnosticStatus.WARN, "stale: no fresh joint_states, holding"
+        status = DiagnosticStatus(
+            level=level, name=f"{self.get_fully_qualified_name()}: control loop",
+            message=message, hardware_id="flashrt",
+            values=[KeyValue(key=k, value=v) for k, v in kv.items()],
+        )
+        arr = DiagnosticArray(status=[status])
+        arr.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(arr)

@@ -1,0 +1,187 @@
+"""The capsule services. Each handler takes the engine lock, so it lands between two steps;
+a failure answers success=false with a message that says what to do, and changes nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from flashrt_ros.capsules.names import check_session_name
+from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.srv import Branch, Checkpoint, DropCapsule, ListCapsules, Restore, Rollout
+
+MAX_ROLLOUT_STEPS = 100_000
+
+
+class CapsuleServices:
+    def __init__(self, node, group):
+        self.node = node
+        self._rollout_lock = threading.Lock()
+        for srv, name, fn in (
+            (Checkpoint, "~/checkpoint", self.checkpoint),
+            (Restore, "~/restore", self.restore),
+            (Branch, "~/branch", self.branch),
+            (ListCapsules, "~/list_capsules", self.list_capsules),
+            (DropCapsule, "~/drop_capsule", self.drop_capsule),
+            (Rollout, "~/rollout", self.rollout),
+        ):
+            node.create_service(srv, name, fn, callback_group=group)
+
+    def _engine(self):
+        eng = self.node.engine
+        if eng is None:
+            raise ValueError("node is not configured: configure it (lifecycle) first")
+        return eng
+
+    def _session(self, eng, name: str) -> str:
+        from flashrt_ros.node.flashrt_node import SCRATCH
+
+        s = name or self.node.live
+        if s == SCRATCH:
+            raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
+        eng.session(s)
+        return s
+
+    def _fail(self, resp, what: str, e: Exception):
+        resp.success = False
+        resp.message = f"{what} failed: {e}"
+        self.node.get_logger().warning(resp.message)
+        return resp
+
+    # -- handlers ----------------------------------------------------------------------------------
+    def checkpoint(self, req, resp):
+        with self.node.engine_lock:
+            try:
+                eng = self._engine()
+                session = self._session(eng, req.session)
+                info = eng.checkpoint(session, name=req.name or None, pin=req.pin,
+                                      persist=req.persist)
+            except (ValueError, RuntimeError) as e:
+                return self._fail(resp, "checkpoint", e)
+        resp.success, resp.capsule = True, capsule_msg(info)
+        resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
+        self.node.get_logger().info(f"checkpoint: {resp.message}")
+        return resp
+
+    def restore(self, req, resp):
+        with self.node.engine_lock:
+            try:
+                eng = self._engine()
+                session = self._session(eng, req.session)
+                info = eng.restore(req.capsule, session, verify=req.verify)
+                step = eng.session_step(session)
+            except (ValueError, RuntimeError) as e:
+                return self._fail(resp, "restore", e)
+        resp.success, resp.capsule, resp.step = True, capsule_msg(info), step
+        resp.message = f"restored {info.id} into {session!r}: step {step}"
+        self.node.get_logger().info(f"restore: {resp.message}")
+        return resp
+
+    def branch(self, req, resp):
+        from flashrt_ros.node.flashrt_node import SCRATCH
+
+        with self.node.engine_lock:
+            try:
+                eng = self._engine()
+                check_session_name(req.session)
+                if req.session == SCRATCH:
+                    raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
+                if req.session not in eng.sessions() and len(eng.sessions()) - (
+                    SCRATCH in eng.sessions()
+                ) >= self.node.cfg.max_sessions:
+                    raise RuntimeError(
+                        f"max_sessions={self.node.cfg.max_sessions} reached; "
+                        "branch into an existing session or raise max_sessions"
+                    )
+                goal = list(req.goal) if len(req.goal) else None
+                info = eng.branch(req.capsule, req.session, goal=goal)
+                step = eng.session_step(req.session)
+                if req.activate:
+                    self.node.live = req.session
+            except (ValueError, RuntimeError) as e:
+                return self._fail(resp, "branch", e)
+        resp.success, resp.session, resp.step = True, req.session, step
+        resp.message = f"session {req.session!r} forked from {info.id} at step {step}" + (
+            " and made live" if req.activate else ""
+        )
+        self.node.get_logger().info(f"branch: {resp.message}")
+        return resp
+
+    def list_capsules(self, req, resp):
+        from flashrt_ros.node.flashrt_node import SCRATCH
+
+        with self.node.engine_lock:
+            eng = self.node.engine
+            if eng is None:
+                return resp
+            resp.capsules = [capsule_msg(i) for i in eng.capsules()]
+            resp.sessions = [s for s in eng.sessions() if s != SCRATCH]
+            resp.live_session = self.node.live
+            resp.pool_bytes_used = eng.pool.bytes_used()
+            resp.pool_bytes_total = eng.pool.bytes_total()
+        return resp
+
+    def drop_capsule(self, req, resp):
+        with self.node.engine_lock:
+            try:
+                info = self._engine().drop(req.capsule)
+            except ValueError as e:
+                return self._fail(resp, "drop", e)
+        resp.success, resp.message = True, f"dropped {info.id}"
+        self.node.get_logger().info(f"drop: {resp.message}")
+        return resp
+
+    def rollout(self, req, resp):
+        """Step a session, or a scratch fork, on given observations; the robot sees nothing.
+
+        Each step takes the engine lock on its own, so a long rollout interleaves with the
+        live control loop instead of stalling it.
+        """
+        from flashrt_ros.node.flashrt_node import SCRATCH
+
+        with self._rollout_lock:
+            try:
+                eng = self._engine()
+                n, width = int(req.n_steps), eng.obs_dim
+                if not 0 < n <= MAX_ROLLOUT_STEPS:
+                    raise ValueError(f"n_steps={n}: must be within 1 .. {MAX_ROLLOUT_STEPS}")
+                if len(req.observations) != n * width:
+                    raise ValueError(
+                        f"{len(req.observations)} observation values; n_steps={n} rows of "
+                        f"obs_dim={width} need {n * width}"
+                    )
+                rows = np.asarray(req.observations, dtype=np.float64).reshape(n, width)
+                if not np.isfinite(rows).all():
+                    raise ValueError("observations contain NaN or Inf")
+                with self.node.engine_lock:
+                    target = self._prepare_rollout(eng, req, SCRATCH)
+                actions = np.empty((n, eng.action_dim))
+                for i in range(n):
+                    with self.node.engine_lock:
+                        if self.node.engine is not eng:
+                            raise RuntimeError("node was cleaned up during the rollout")
+                        actions[i] = eng.step(rows[i], session=target)
+            except (ValueError, RuntimeError) as e:
+                return self._fail(resp, "rollout", e)
+        resp.success, resp.actions, resp.action_dim = True, actions.ravel().tolist(), eng.action_dim
+        resp.message = f"{n} steps on {'scratch fork' if target == SCRATCH else repr(target)}"
+        return resp
+
+    def _prepare_rollout(self, eng, req, scratch: str) -> str:
+        if req.commit:
+            if not req.session:
+                raise ValueError("commit needs a named session (never the live one)")
+            target = self._session(eng, req.session) if not req.capsule else req.session
+            if target == self.node.live:
+                raise ValueError(f"commit into the live session {target!r} is not allowed")
+            if req.capsule:
+                check_session_name(target)
+                eng.branch(req.capsule, target)
+            return target
+        if req.capsule:
+            eng.branch(req.capsule, scratch)
+        else:
+            src = self._session(eng, req.session)
+            eng.copy_session(src, scratch)
+        return scratch

@@ -1,0 +1,86 @@
+"""A test-side client of a running flashrt node: lockstep observations, commands, services."""
+
+from __future__ import annotations
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+
+from flashrt_ros import srv
+
+JOINTS = [f"joint{i}" for i in range(1, 7)]
+
+
+def joint_state(obs, names=JOINTS) -> JointState:
+    obs = np.asarray(obs, dtype=float)
+    return JointState(name=list(names), position=obs[:6].tolist(), velocity=obs[6:].tolist())
+
+
+class NodeClient:
+    def __init__(self, ros, proc):
+        self.ros, self.proc, n = ros, proc, ros.node
+        self.commands: list[np.ndarray] = []
+        self.diagnostics: list[dict] = []
+        self.goals_applied = 0
+        self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
+        self._goal = n.create_publisher(Float64MultiArray, proc.topic("goal"), 10)
+        n.create_subscription(
+            Float64MultiArray, proc.topic("commands"),
+            lambda m: self.commands.append(np.array(m.data)), 100,
+        )
+        n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+        latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+        n.create_subscription(
+            Float64MultiArray, proc.service("goal_applied"), self._on_goal_applied, latched
+        )
+        assert ros.spin_until(
+            lambda: self._js.get_subscription_count() > 0
+            and self._goal.get_subscription_count() > 0, 20
+        ), "node does not subscribe joint_states/goal"
+
+    def _on_diag(self, msg) -> None:
+        for st in msg.status:
+            if "flashrt" in st.name:
+                self.diagnostics.append({kv.key: kv.value for kv in st.values})
+
+    def _on_goal_applied(self, msg) -> None:
+        self.goals_applied += 1
+
+    def publish(self, obs, names=JOINTS) -> None:
+        self._js.publish(joint_state(obs, names))
+
+    def step(self, obs, names=JOINTS, timeout: float = 10.0) -> np.ndarray:
+        """Publish one observation and wait for its command (observation trigger)."""
+        n = len(self.commands)
+        self.publish(obs, names)
+        assert self.ros.spin_until(lambda: len(self.commands) > n, timeout), (
+            "no command for a valid observation\n" + self.proc.log_tail()
+        )
+        assert len(self.commands) == n + 1
+        return self.commands[-1]
+
+    def run(self, obs_rows) -> np.ndarray:
+        return np.array([self.step(o) for o in obs_rows])
+
+    def set_goal(self, goal) -> None:
+        n = self.goals_applied
+        self._goal.publish(Float64MultiArray(data=[float(g) for g in goal]))
+        assert self.ros.spin_until(lambda: self.goals_applied > n, 10), "goal not applied"
+
+    def call(self, service: str, /, **fields):
+        typ = {
+            "checkpoint": srv.Checkpoint, "restore": srv.Restore, "branch": srv.Branch,
+            "list_capsules": srv.ListCapsules, "drop_capsule": srv.DropCapsule,
+            "rollout": srv.Rollout,
+        }[service]
+        req = typ.Request()
+        for k, v in fields.items():
+            setattr(req, k, v)
+        return self.ros.call(self.ros.client(typ, self.proc.service(service)), req, timeout=30)
+
+    def latest_diag(self, timeout: float = 5.0) -> dict:
+        n = len(self.diagnostics)
+        assert self.ros.spin_until(lambda: len(self.diagnostics) > n, timeout), "no diagnostics"
+        return self.diagnostics[-1]

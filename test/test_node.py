@@ -1,0 +1,211 @@
+"""The flashrt node over real rclpy and DDS (loopback), observation trigger, on the CPU.
+
+The node's commands are checked against the Engine driven directly with the same policy and
+seed: the node must add nothing and lose nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from test.engine_util import make_engine, observations
+from test.node_client import JOINTS, NodeClient
+
+OBS = observations(400, seed=7)
+
+
+@pytest.fixture(scope="module")
+def node(ros_module):
+    proc = ros_module.start_node({"trigger": "observation", "capsule_slots": 8})
+    return NodeClient(ros_module, proc)
+
+
+@pytest.fixture()
+def fresh(node):
+    """Each test starts from the node's initial state: restore the capsule taken at step 0."""
+    if not any(c.name == "origin" for c in node.call("list_capsules").capsules):
+        r = node.call("checkpoint", name="origin", pin=True)
+        assert r.success, r.message
+    assert node.call("branch", capsule="origin", session="main", activate=True).success
+    for c in node.call("list_capsules").capsules:
+        if c.name != "origin":
+            node.call("drop_capsule", capsule=c.id)
+    return node
+
+
+def test_one_command_per_observation_equal_to_the_engine(fresh):
+    eng = make_engine()
+    got = fresh.run(OBS[:60])
+    want = np.array([eng.step(o) for o in OBS[:60]])
+    assert got.shape == (60, 6)
+    assert np.array_equal(got, want)
+
+
+def test_checkpoint_restore_gives_identical_commands(fresh):
+    fresh.run(OBS[:20])
+    cp = fresh.call("checkpoint", name="before_move")
+    assert cp.success and cp.capsule.step == 20 and cp.capsule.session == "main"
+    first = fresh.run(OBS[20:70])
+    r = fresh.call("restore", capsule="before_move", verify=True)
+    assert r.success and r.step == 20, r.message
+    assert np.array_equal(fresh.run(OBS[20:70]), first)
+
+
+def test_branch_rollout_equals_live_continuation_and_scratch_leaves_live_alone(fresh):
+    fresh.run(OBS[:30])
+    cp = fresh.call("checkpoint")
+    b = fresh.call("branch", capsule=cp.capsule.id, session="plan_b")
+    assert b.success and b.step == 30, b.message
+    rows = OBS[30:80]
+    ro = fresh.call("rollout", session="plan_b", observations=rows.ravel().tolist(),
+                    n_steps=len(rows), commit=True)
+    assert ro.success and ro.action_dim == 6, ro.message
+    scratch = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=len(rows))
+    assert scratch.success, scratch.message
+    live = fresh.run(rows)  # the scratch rollout did not advance the live session
+    assert np.array_equal(np.array(ro.actions).reshape(-1, 6), live)
+    assert np.array_equal(np.array(scratch.actions).reshape(-1, 6), live)
+    from_cap = fresh.call("rollout", capsule=cp.capsule.id, observations=rows.ravel().tolist(),
+                          n_steps=len(rows))
+    assert np.array_equal(np.array(from_cap.actions).reshape(-1, 6), live)
+
+
+def test_branch_with_activate_switches_what_is_published(fresh):
+    fresh.run(OBS[:25])
+    cp = fresh.call("checkpoint")
+    goal = [0.4, -0.3, 0.2, 0.0, 0.5, -0.5]
+    eng = make_engine()
+    for o in OBS[:25]:
+        eng.step(o)
+    eng.set_goal(goal)
+    want = np.array([eng.step(o) for o in OBS[25:60]])
+    b = fresh.call("branch", capsule=cp.capsule.id, session="alt", activate=True, goal=goal)
+    assert b.success, b.message
+    assert fresh.call("list_capsules").live_session == "alt"
+    assert np.array_equal(fresh.run(OBS[25:60]), want)
+
+
+def test_goal_topic_applies_at_the_next_boundary(fresh):
+    eng = make_engine()
+    fresh.run(OBS[:10])
+    for o in OBS[:10]:
+        eng.step(o)
+    goal = [0.1] * 6
+    fresh.set_goal(goal)
+    eng.set_goal(goal)
+    assert np.array_equal(fresh.run(OBS[10:40]), np.array([eng.step(o) for o in OBS[10:40]]))
+
+
+def test_bad_observations_are_refused_counted_and_never_stepped(fresh):
+    eng = make_engine()
+    before = int(fresh.latest_diag()["refused_inputs"])
+    good = OBS[0]
+    bad_msgs = [
+        (np.r_[np.nan, good[1:]], JOINTS),
+        (np.r_[good[:7], np.inf, good[8:]], JOINTS),
+        (good, JOINTS[:5] + ["elbow"]),  # a joint missing
+    ]
+    n = len(fresh.commands)
+    for obs, names in bad_msgs:
+        fresh.publish(obs, names)
+    from sensor_msgs.msg import JointState
+
+    fresh._js.publish(JointState(name=JOINTS, position=[0.0] * 6, velocity=[0.0] * 3))
+    # extra joints in any order are fine: this one is stepped
+    names = ["gripper"] + JOINTS[::-1]
+    obs_rev = np.r_[0.0, good[:6][::-1]], np.r_[0.0, good[6:][::-1]]
+    from flashrt_ros.node.joints import JointMapper
+
+    mapped = JointMapper(JOINTS).observation(names, obs_rev[0], obs_rev[1])
+    assert np.array_equal(mapped, good)
+    fresh._js.publish(JointState(name=names, position=obs_rev[0].tolist(),
+                                 velocity=obs_rev[1].tolist()))
+    assert fresh.ros.spin_until(lambda: len(fresh.commands) > n, 10)
+    fresh.ros.spin_for(0.3)
+    assert len(fresh.commands) == n + 1  # only the valid message was stepped
+    assert np.array_equal(fresh.commands[-1], eng.step(good))
+    assert fresh.ros.spin_until(
+        lambda: int(fresh.diagnostics[-1]["refused_inputs"]) >= before + 4 if fresh.diagnostics
+        else False, 5
+    )
+
+
+@pytest.mark.parametrize(
+    "service,fields,needle",
+    [
+        ("restore", {"capsule": "no_such"}, "unknown capsule"),
+        ("restore", {"capsule": "origin", "session": "ghost"}, "unknown session"),
+        ("checkpoint", {"name": "../../etc/passwd"}, "capsule name"),
+        ("checkpoint", {"name": "origin"}, "taken"),
+        ("checkpoint", {"persist": True}, "capsule_dir"),
+        ("branch", {"capsule": "origin", "session": "bad name"}, "session name"),
+        ("branch", {"capsule": "origin", "session": "_rollout"}, "reserved"),
+        ("branch", {"capsule": "origin", "session": "g", "goal": [1.0, 2.0]}, "goal"),
+        ("branch", {"capsule": "missing", "session": "x"}, "unknown capsule"),
+        ("drop_capsule", {"capsule": "nope"}, "unknown capsule"),
+        ("rollout", {"observations": [0.0] * 11, "n_steps": 1}, "need 12"),
+        ("rollout", {"observations": [], "n_steps": 0}, "n_steps"),
+        ("rollout", {"observations": [float("nan")] * 12, "n_steps": 1}, "NaN"),
+        ("rollout", {"observations": [0.0] * 12, "n_steps": 1, "commit": True}, "named session"),
+        ("rollout", {"observations": [0.0] * 12, "n_steps": 1, "commit": True,
+                     "session": "main"}, "live session"),
+    ],
+)
+def test_bad_requests_answer_cleanly_and_change_nothing(fresh, service, fields, needle):
+    fresh.run(OBS[:5])
+    before = fresh.call("list_capsules")
+    resp = fresh.call(service, **fields)
+    assert not resp.success and needle in resp.message, resp.message
+    after = fresh.call("list_capsules")
+    assert [c.id for c in after.capsules] == [c.id for c in before.capsules]
+    assert after.sessions == before.sessions and after.live_session == before.live_session
+    eng = make_engine()
+    want = [eng.step(o) for o in OBS[:8]][5:]
+    assert np.array_equal(fresh.run(OBS[5:8]), np.array(want))
+
+
+def test_capsule_calls_interleaved_with_a_200hz_stream(fresh):
+    """150 capsule calls while a thread streams observations at 200 Hz: every call succeeds,
+    every observation gets its command."""
+    import threading
+    import time
+
+    ros, n0, sent, stop = fresh.ros, len(fresh.commands), [0], threading.Event()
+
+    def stream() -> None:
+        t_next = time.monotonic()
+        while not stop.is_set():
+            fresh.publish(OBS[sent[0] % len(OBS)])
+            sent[0] += 1
+            t_next += 0.005
+            time.sleep(max(0.0, t_next - time.monotonic()))
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    failures, last_cap = [], None
+    kinds = ["checkpoint", "list_capsules", "restore", "drop_capsule", "branch"]
+    try:
+        for i in range(150):
+            kind = kinds[i % len(kinds)]
+            if kind == "checkpoint":
+                r = fresh.call("checkpoint")
+                last_cap = r.capsule.id
+            elif kind == "restore":
+                r = fresh.call("restore", capsule=last_cap)
+            elif kind == "drop_capsule":
+                r = fresh.call("drop_capsule", capsule=last_cap)
+            elif kind == "branch":
+                r = fresh.call("branch", capsule="origin", session="side")
+            else:
+                r = fresh.call("list_capsules")
+            if hasattr(r, "success") and not r.success:
+                failures.append((kind, r.message))
+    finally:
+        stop.set()
+        streamer.join()
+    assert failures == []
+    assert sent[0] > 100  # the stream really ran alongside the calls
+    ros.spin_until(lambda: len(fresh.commands) - n0 >= sent[0], 10)
+    assert len(fresh.commands) - n0 == sent[0]
+    assert fresh.proc.alive()

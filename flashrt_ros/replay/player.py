@@ -1,0 +1,119 @@
+"""The replay schedule, shared by the node replay (over DDS) and the offline one (Engine).
+
+Walks a bag's input events in order: goals are applied before the observations that follow
+them, each valid observation yields exactly one command, invalid samples are skipped and counted
+(the node refuses them the same way), and --checkpoint-at N / --restore-at M checkpoint after N
+commands, restore after M and rewind the input to where the checkpoint was taken.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from flashrt_ros.node.joints import JointMapper
+from flashrt_ros.replay.bags import InputEvent
+
+
+class Driver(Protocol):
+    def goal(self, data: np.ndarray) -> None: ...
+    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray: ...
+    def checkpoint(self) -> str: ...
+    def restore(self, ref: str) -> None: ...
+    def refused(self, event: InputEvent) -> None: ...
+
+
+@dataclass
+class ReplayResult:
+    commands: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (event index, why)
+    goals: int = 0
+    restored_at: int | None = None
+
+
+def play(
+    events: list[InputEvent],
+    mapper: JointMapper,
+    driver: Driver,
+    checkpoint_at: int | None = None,
+    restore_at: int | None = None,
+    rate: float = 0.0,
+    progress: bool = False,
+    goal_dim: int | None = None,
+) -> ReplayResult:
+    """Run the schedule; `rate` > 0 paces sends at that multiple of bag time (still lockstep)."""
+    if (checkpoint_at is None) != (restore_at is None):
+        raise ValueError("--checkpoint-at and --restore-at go together")
+    if checkpoint_at is not None and not 0 <= checkpoint_at < restore_at:
+        raise ValueError("need 0 <= checkpoint-at < restore-at")
+    res = ReplayResult()
+    cp_ref, cp_index, shift = None, 0, 0
+    i, total, t0 = 0, len(events), time.monotonic()
+    bag0 = events[0].stamp_ns if events else 0
+    next_report = 0.1
+    while i < total:
+        n = len(res.commands)
+        if checkpoint_at is not None and cp_ref is None and n == checkpoint_at:
+            cp_ref, cp_index = driver.checkpoint(), i
+        if restore_at is not None and res.restored_at is None and n == restore_at:
+            driver.restore(cp_ref)
+            res.restored_at = n
+            shift = (events[i - 1].stamp_ns if i else 0) - events[cp_index].stamp_ns + 1
+            i = cp_index
+            continue
+        ev = events[i]
+        if rate > 0:
+            wait = (ev.stamp_ns - bag0) / 1e9 / rate - (time.monotonic() - t0)
+            if wait > 0:
+                time.sleep(wait)
+        if ev.kind == "goal":
+            if (goal_dim is not None and len(ev.data) != goal_dim) or not np.isfinite(
+                ev.data
+            ).all():
+                res.skipped.append((i, f"goal of {len(ev.data)} values or with NaN/Inf"))
+                driver.refused(ev)
+            else:
+                driver.goal(ev.data)
+                res.goals += 1
+        else:
+            try:
+                obs = mapper.observation(ev.names, ev.position, ev.velocity)
+            except ValueError as e:
+                res.skipped.append((i, str(e)))
+                driver.refused(ev)
+            else:
+                res.commands.append((ev.stamp_ns + shift, driver.observe(obs, ev)))
+        i += 1
+        if progress and total > 200 and i / total >= next_report:
+            print(f"  {100 * i // total:3d}%  {len(res.commands)} commands", file=sys.stderr)
+            next_report += 0.1
+    if restore_at is not None and res.restored_at is None:
+        raise ValueError(f"--restore-at {restore_at}: the bag has only {len(res.commands)} "
+                         "valid observations")
+    return res
+
+
+class EngineDriver:
+    """Offline: the same schedule straight into an Engine (no DDS)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def goal(self, data: np.ndarray) -> None:
+        self.engine.set_goal(data)
+
+    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray:
+        return self.engine.step(obs)
+
+    def checkpoint(self) -> str:
+        return self.engine.checkpoint().id
+
+    def restore(self, ref: str) -> None:
+        self.engine.restore(ref)
+
+    def refused(self, event: InputEvent) -> None:
+        pass  # the engine never sees what the mapper refused, like the node

@@ -1,0 +1,113 @@
+"""flashrt-replay: play a bag's joint_states and goals into a flashrt node, record its commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from flashrt_ros.node.joints import JointMapper
+from flashrt_ros.replay import bags
+from flashrt_ros.replay.player import EngineDriver, play
+
+EPILOG = """
+The node must run with trigger:=observation (one step per joint_states message):
+  ros2 run flashrt_ros flashrt_node --ros-args -p trigger:=observation
+Replay is lockstep: each observation is sent only after the previous command came back, and each
+goal only after the node echoed it on ~/goal_applied, so results never depend on timing.
+Commands are recorded with the stamp of the observation they answer, in IN_BAG's storage format.
+
+--offline runs the same schedule through the Engine in this process (no DDS), for regression
+checks where no node runs; it gives the same commands as the node on the same device.
+Exit status: 0 done, 2 bad input (bag, topic, node missing or misconfigured).
+"""
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(
+        prog="flashrt-replay", description=__doc__, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("in_bag", metavar="IN_BAG", help="rosbag2 folder or file (sqlite3 or MCAP)")
+    ap.add_argument("out_bag", metavar="OUT_BAG", help="where to write the commands (must not exist)")
+    ap.add_argument("--checkpoint-at", type=int, metavar="N", help="checkpoint after N commands")
+    ap.add_argument("--restore-at", type=int, metavar="M",
+                    help="after M commands restore that checkpoint and replay from N again")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="pace at X times bag time (default 0: as fast as the node answers)")
+    ap.add_argument("--node", default="/flashrt", help="the node's full name (default /flashrt)")
+    ap.add_argument("--joint-states-topic", default="/joint_states")
+    ap.add_argument("--goal-topic", default="/goal")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
+    ap.add_argument("--storage", choices=bags.STORAGES, help="output storage (default: IN_BAG's)")
+    off = ap.add_argument_group("offline (no node, no DDS)")
+    off.add_argument("--offline", action="store_true", help="step an in-process Engine instead")
+    off.add_argument("--policy", default="builtin:hybrid")
+    off.add_argument("--weights", default="")
+    off.add_argument("--device", default="cpu")
+    off.add_argument("--seed", type=int, default=0)
+    off.add_argument("--joints", default=",".join(f"joint{i}" for i in range(1, 7)),
+                     help="joint names, comma separated (the node's are read from it)")
+    a = ap.parse_args(argv)
+    if a.rate < 0:
+        ap.error("--rate must be >= 0")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        storage = a.storage or bags.detect_storage(a.in_bag)
+        events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic)
+        if os.path.exists(a.out_bag):
+            raise ValueError(f"{a.out_bag} exists; choose a new OUT_BAG")
+        n_js = sum(e.kind == "joint_states" for e in events)
+        print(f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
+              f"{len(events) - n_js} goals", file=sys.stderr)
+        if a.offline:
+            result = _offline(a, events)
+        else:
+            result = _through_node(a, events)
+        bags.write_commands(a.out_bag, result.commands, storage=storage)
+    except (ValueError, RuntimeError) as e:
+        print(f"flashrt-replay: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flashrt-replay: interrupted; nothing written", file=sys.stderr)
+        return 130
+    print(f"flashrt-replay: {len(result.commands)} commands -> {a.out_bag}; "
+          f"{len(result.skipped)} samples skipped, {result.goals} goals"
+          + (f"; restored after {result.restored_at}" if result.restored_at is not None else ""))
+    for idx, why in result.skipped[:10]:
+        print(f"  skipped event {idx}: {why}", file=sys.stderr)
+    return 0
+
+
+def _offline(a, events):
+    from flashrt_ros import Engine, load_policy
+
+    engine = Engine(load_policy(a.policy, weights=a.weights or None), device=a.device,
+                    seed=a.seed)
+    mapper = JointMapper([j for j in a.joints.split(",") if j])
+    return play(events, mapper, EngineDriver(engine), a.checkpoint_at, a.restore_at, a.rate,
+                progress=True, goal_dim=engine.goal_dim)
+
+
+def _through_node(a, events):
+    import rclpy
+
+    from flashrt_ros.replay.node_driver import NodeDriver
+
+    rclpy.init()
+    driver = NodeDriver(a.node, a.timeout)
+    try:
+        mapper = JointMapper(driver.connect())
+        return play(events, mapper, driver, a.checkpoint_at, a.restore_at, a.rate,
+                    progress=True, goal_dim=mapper.n)
+    finally:
+        driver.close()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import event_timed, host_timed, p  # noqa: E402
+from bench.timing import burst_timed, event_timed, host_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
-from flashrt_ros.capsules.checksum import device_checksum, to_hex  # noqa: E402
+from flashrt_ros.capsules.checksum import device_checksum  # noqa: E402
 from flashrt_ros.capsules.copy import copy_bytes, driver_copies  # noqa: E402
 from flashrt_ros.runtime.arena import Arena  # noqa: E402
 from flashrt_ros.runtime.session import engine_entries  # noqa: E402
@@ -52,7 +52,7 @@ def obs_stream(n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([q, dq], 1).astype(np.float32)
 
 
-# -- CUDA-path checks -------------------------------------------------------------------------------
+# -- CUDA-path checks --------------------------------------------------------------------------
 def checks() -> dict:
     res = {}
     obs = obs_stream(500)
@@ -101,7 +101,7 @@ def checks() -> dict:
     return res
 
 
-# -- step latency -----------------------------------------------------------------------------------
+# -- step latency ----------------------------------------------------------------------------
 def step_bench(spec_kw: dict, iters: int) -> dict:
     policy = load_policy("builtin:hybrid", **spec_kw).cuda().eval()
     eng = Engine(policy, device="cuda", seed=0)
@@ -122,12 +122,15 @@ def step_bench(spec_kw: dict, iters: int) -> dict:
 
     eager_t = host_timed(eager, iters)
     row = {
-        "policy": "builtin:hybrid" + ("" if not spec_kw else "?" + ",".join(
-            f"{k}={v}" for k, v in spec_kw.items())),
+        "policy": "builtin:hybrid"
+        + ("" if not spec_kw else "?" + ",".join(f"{k}={v}" for k, v in spec_kw.items())),
         "state_bytes": eng.state_nbytes,
-        "eager_p50_us": p(eager_t, 50), "eager_p99_us": p(eager_t, 99),
-        "graph_p50_us": p(graph, 50), "graph_p99_us": p(graph, 99),
-        "graph_unfused_p50_us": p(graph_unfused, 50), "graph_unfused_p99_us": p(graph_unfused, 99),
+        "eager_p50_us": p(eager_t, 50),
+        "eager_p99_us": p(eager_t, 99),
+        "graph_p50_us": p(graph, 50),
+        "graph_p99_us": p(graph, 99),
+        "graph_unfused_p50_us": p(graph_unfused, 50),
+        "graph_unfused_p99_us": p(graph_unfused, 99),
     }
     try:
         torch._dynamo.reset()
@@ -141,40 +144,51 @@ def step_bench(spec_kw: dict, iters: int) -> dict:
     return row
 
 
-# -- capsules ---------------------------------------------------------------------------------------
+# -- capsules --------------------------------------------------------------------------------
 def capsule_bench(d2d: float, sizes_mb: list[int], iters: int) -> list[dict]:
     rows = []
     for mb in sizes_mb:
-        # a hybrid layout scaled to the size by its KV ring: realistic tensor count and layout
-        kv = max(16, mb * MB // (2 * 4 * 256 * 4))
-        pol = load_policy("builtin:hybrid", d_model=256, n_layers=4, n_heads=8, kv_len=kv)
-        spec = pol.state_spec() + engine_entries(pol)
-        arena = Arena(spec, torch.device("cuda"))
-        arena.buf.random_()
-        slot = torch.empty_like(arena.buf)
-        host = torch.empty(arena.nbytes, dtype=torch.uint8, pin_memory=True)
-        n = arena.nbytes
-        snap = event_timed(lambda: copy_bytes(slot, arena.buf), iters)
-        rest = event_timed(lambda: copy_bytes(arena.buf, slot), iters)
-        views = list(arena.views.values())
-        clone = event_timed(lambda: [v.clone() for v in views], iters)
-        hostrt = event_timed(
-            lambda: (host.copy_(arena.buf, non_blocking=True), arena.buf.copy_(host, non_blocking=True)),
-            max(5, iters // 5),
-        )
-        csum = event_timed(lambda: device_checksum(slot), max(5, iters // 5))
-        floor = 2 * n / (d2d * 1e9) * 1e6
-        rows.append({
-            "mb": mb, "bytes": n, "tensors": len(views),
-            "snapshot_p50_us": p(snap, 50), "restore_p50_us": p(rest, 50),
-            "snapshot_p99_us": p(snap, 99), "restore_p99_us": p(rest, 99),
-            "floor_us": round(floor, 2), "clone_p50_us": p(clone, 50),
-            "host_p50_us": p(hostrt, 50), "checksum_p50_us": p(csum, 50),
-        })
+        rows.append(capsule_row(d2d, mb, iters))
         log("capsule", rows[-1])
-        del arena, slot, host
         torch.cuda.empty_cache()
     return rows
+
+
+def capsule_row(d2d: float, mb: int, iters: int) -> dict:
+    """One state size: a hybrid layout scaled by its KV ring (realistic tensor count)."""
+    kv = max(16, mb * MB // (2 * 4 * 256 * 4))
+    pol = load_policy("builtin:hybrid", d_model=256, n_layers=4, n_heads=8, kv_len=kv)
+    arena = Arena(pol.state_spec() + engine_entries(pol), torch.device("cuda"))
+    arena.buf.random_()
+    slot = torch.empty_like(arena.buf)
+    host = torch.empty(arena.nbytes, dtype=torch.uint8, pin_memory=True)
+    views = list(arena.views.values())
+
+    def via_host() -> None:
+        host.copy_(arena.buf, non_blocking=True)
+        arena.buf.copy_(host, non_blocking=True)
+
+    snap = burst_timed(lambda: copy_bytes(slot, arena.buf), iters)
+    rest = burst_timed(lambda: copy_bytes(arena.buf, slot), iters)
+    clone = burst_timed(lambda: [v.clone() for v in views], iters)
+    single = event_timed(lambda: copy_bytes(slot, arena.buf), iters)
+    hostrt = event_timed(via_host, max(5, iters // 5))
+    csum = event_timed(lambda: device_checksum(slot), max(5, iters // 5))
+    floor = 2 * arena.nbytes / (d2d * 1e9) * 1e6
+    return {
+        "mb": mb,
+        "bytes": arena.nbytes,
+        "tensors": len(views),
+        "snapshot_p50_us": p(snap, 50),
+        "restore_p50_us": p(rest, 50),
+        "snapshot_p99_us": p(snap, 99),
+        "restore_p99_us": p(rest, 99),
+        "snapshot_single_p50_us": p(single, 50),
+        "floor_us": round(floor, 2),
+        "clone_p50_us": p(clone, 50),
+        "host_p50_us": p(hostrt, 50),
+        "checksum_p50_us": p(csum, 50),
+    }
 
 
 def engine_capsule_ops(iters: int) -> dict:
@@ -186,60 +200,88 @@ def engine_capsule_ops(iters: int) -> dict:
     eng.checkpoint(name="r")
     rs = host_timed(lambda: eng.restore("r", verify=False), iters)
     rv = host_timed(lambda: eng.restore("r", verify=True), iters)
-    return {"state_bytes": eng.state_nbytes, "checkpoint_with_checksum_p50_us": p(cp, 50),
-            "restore_p50_us": p(rs, 50), "restore_verify_p50_us": p(rv, 50)}
+    return {
+        "state_bytes": eng.state_nbytes,
+        "checkpoint_with_checksum_p50_us": p(cp, 50),
+        "restore_p50_us": p(rs, 50),
+        "restore_verify_p50_us": p(rv, 50),
+    }
 
 
-# -- restore vs recomputing the history -------------------------------------------------------------
+# -- restore vs recomputing the history ------------------------------------------------------
 def reprefill_bench(histories: list[int], reps: int) -> list[dict]:
     rows = []
     for h in histories:
-        eng = Engine(load_policy("builtin:hybrid", kv_len=h), device="cuda", seed=0)
-        s = eng.session("main")
-        x = torch.from_numpy(obs_stream(h, seed=2)).cuda()
-
-        def recompute() -> None:
-            for i in range(h):  # the recurrence forces one step per observation
-                s.obs.copy_(x[i : i + 1])
-                s.plan.replay()
-
-        recompute()
-        cap = eng.checkpoint(name="hist")
-        full = eng.state_checksum()
-        rec = host_timed(recompute, reps, warmup=1)
-        slot = eng.pool.source(eng.pool.get(cap.id))
-        rest = host_timed(lambda: copy_bytes(s.arena.buf, slot), 50)
-        eng.restore("hist")
-        rows.append({
-            "history": h, "state_bytes": eng.state_nbytes,
-            "restore_p50_us": p(rest, 50), "reprefill_p50_us": p(rec, 50),
-            "speedup": round(float(np.median(rec) / np.median(rest)), 1),
-            "restored_checksum_ok": eng.state_checksum() == full,
-        })
+        rows.append(reprefill_row(h, reps))
         log("reprefill", rows[-1])
     return rows
 
 
+def reprefill_row(h: int, reps: int) -> dict:
+    """Restore vs rebuilding the same state by stepping the history through the graph."""
+    eng = Engine(load_policy("builtin:hybrid", kv_len=h), device="cuda", seed=0)
+    s = eng.session("main")
+    x = torch.from_numpy(obs_stream(h, seed=2)).cuda()
+
+    def recompute() -> None:
+        for i in range(h):  # the recurrence forces one step per observation
+            s.obs.copy_(x[i : i + 1])
+            s.plan.replay()
+
+    recompute()
+    cap = eng.checkpoint(name="hist")
+    full = eng.state_checksum()
+    rec = host_timed(recompute, reps, warmup=1)
+    slot = eng.pool.source(eng.pool.get(cap.id))
+    rest = host_timed(lambda: copy_bytes(s.arena.buf, slot), 50)
+    eng.restore("hist")
+    return {
+        "history": h,
+        "state_bytes": eng.state_nbytes,
+        "restore_p50_us": p(rest, 50),
+        "reprefill_p50_us": p(rec, 50),
+        "speedup": round(float(np.median(rec) / np.median(rest)), 1),
+        "restored_checksum_ok": eng.state_checksum() == full,
+    }
+
+
 def markdown(r: dict) -> str:
-    L = [f"# flashrt_ros GPU benchmarks — {r['gpu']}, torch {r['torch']}, {r['date']}", "",
-         f"Command: `{r['command']}` (git {r['git']})", "",
-         f"Device copy bandwidth (read+write): {r['d2d_GBps']} GB/s", "",
-         "| policy | state | eager p50/p99 us | torch.compile p50 us | graph (unfused) p50 us "
-         "| graph p50/p99 us | eager/graph |", "|---|---|---|---|---|---|---|"]
+    L = [
+        f"# flashrt_ros GPU benchmarks — {r['gpu']}, torch {r['torch']}, {r['date']}",
+        "",
+        f"Command: `{r['command']}` (git {r['git']})",
+        "",
+        f"Device copy bandwidth (read+write): {r['d2d_GBps']} GB/s",
+        "",
+        "| policy | state | eager p50/p99 us | torch.compile p50 us | graph (unfused) p50 us "
+        "| graph p50/p99 us | eager/graph |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in [r["step"], *r["variants"]]:
-        L.append(f"| {s['policy']} | {s['state_bytes']} B | {s['eager_p50_us']} / "
-                 f"{s['eager_p99_us']} | {s.get('compile_p50_us')} | {s['graph_unfused_p50_us']} | {s['graph_p50_us']} / "
-                 f"{s['graph_p99_us']} | {s['eager_p50_us'] / s['graph_p50_us']:.1f}x |")
-    L += ["", "| state MB | snapshot p50 us | restore p50 us | floor us | per-tensor clone us | "
-          "host round trip us | device checksum us |", "|---|---|---|---|---|---|---|"]
+        L.append(
+            f"| {s['policy']} | {s['state_bytes']} B | {s['eager_p50_us']} / "
+            f"{s['eager_p99_us']} | {s.get('compile_p50_us')} | {s['graph_unfused_p50_us']} | "
+            f"{s['graph_p50_us']} / "
+            f"{s['graph_p99_us']} | {s['eager_p50_us'] / s['graph_p50_us']:.1f}x |"
+        )
+    L += [
+        "",
+        "| state MB | snapshot p50 us | restore p50 us | floor us | per-tensor clone us | "
+        "host round trip us | device checksum us |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in r["capsule"]:
-        L.append(f"| {c['mb']} | {c['snapshot_p50_us']} | {c['restore_p50_us']} | "
-                 f"{c['floor_us']} | {c['clone_p50_us']} | {c['host_p50_us']} | "
-                 f"{c['checksum_p50_us']} |")
+        L.append(
+            f"| {c['mb']} | {c['snapshot_p50_us']} | {c['restore_p50_us']} | "
+            f"{c['floor_us']} | {c['clone_p50_us']} | {c['host_p50_us']} | "
+            f"{c['checksum_p50_us']} |"
+        )
     L += ["", "| history | restore p50 us | recompute p50 us | speedup |", "|---|---|---|---|"]
     for c in r["reprefill"]:
-        L.append(f"| {c['history']} | {c['restore_p50_us']} | {c['reprefill_p50_us']} | "
-                 f"{c['speedup']}x |")
+        L.append(
+            f"| {c['history']} | {c['restore_p50_us']} | {c['reprefill_p50_us']} | "
+            f"{c['speedup']}x |"
+        )
     return "\n".join(L) + "\n"
 
 
@@ -255,8 +297,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     iters = 300 if a.quick else 2000
     r = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(), "git": os.environ.get("FLASHRT_GIT", "unknown"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "git": os.environ.get("FLASHRT_GIT", "unknown"),
         "command": "python bench/run_all.py --out bench/results",
     }
     r["checks"] = checks()

@@ -40,5 +40,27 @@ def event_timed(fn: Callable[[], None], iters: int, warmup: int = 5) -> np.ndarr
     return out
 
 
+def burst_timed(fn: Callable[[], None], samples: int, burst: int = 16) -> np.ndarray:
+    """Microseconds per call over bursts of `burst` back-to-back calls between two events.
+
+    A single tiny call timed between two events mostly measures the host's gap between
+    recording the first event and issuing the call; in a burst each call costs what it costs
+    in a stream of operations (host issue or device time, whichever is longer).
+    """
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = np.empty(samples)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(samples):
+        start.record()
+        for _ in range(burst):
+            fn()
+        end.record()
+        end.synchronize()
+        out[i] = start.elapsed_time(end) * 1e3 / burst
+    return out
+
+
 def p(a: np.ndarray, q: float) -> float:
     return round(float(np.percentile(a, q)), 2)

@@ -1,4 +1,4 @@
-"""flashrt_ros: serve a stateful robot policy as a captured CUDA graph with execution-state capsules.
+"""flashrt_ros: a stateful robot policy served as a captured CUDA graph, with state capsules.
 
 The core (runtime, capsules, policies) imports no ROS. The interfaces that rosidl generates
 (flashrt_ros.msg, flashrt_ros.srv) live in the installed copy of this package; extending

@@ -27,8 +27,10 @@ class NodeClient:
         self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
         self._goal = n.create_publisher(Float64MultiArray, proc.topic("goal"), 10)
         n.create_subscription(
-            Float64MultiArray, proc.topic("commands"),
-            lambda m: self.commands.append(np.array(m.data)), 100,
+            Float64MultiArray,
+            proc.topic("commands"),
+            lambda m: self.commands.append(np.array(m.data)),
+            100,
         )
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -36,8 +38,10 @@ class NodeClient:
             Float64MultiArray, proc.service("goal_applied"), self._on_goal_applied, latched
         )
         assert ros.spin_until(
-            lambda: self._js.get_subscription_count() > 0
-            and self._goal.get_subscription_count() > 0, 20
+            lambda: (
+                self._js.get_subscription_count() > 0 and self._goal.get_subscription_count() > 0
+            ),
+            20,
         ), "node does not subscribe joint_states/goal"
 
     def _on_diag(self, msg) -> None:
@@ -71,8 +75,11 @@ class NodeClient:
 
     def call(self, service: str, /, **fields):
         typ = {
-            "checkpoint": srv.Checkpoint, "restore": srv.Restore, "branch": srv.Branch,
-            "list_capsules": srv.ListCapsules, "drop_capsule": srv.DropCapsule,
+            "checkpoint": srv.Checkpoint,
+            "restore": srv.Restore,
+            "branch": srv.Branch,
+            "list_capsules": srv.ListCapsules,
+            "drop_capsule": srv.DropCapsule,
             "rollout": srv.Rollout,
         }[service]
         req = typ.Request()

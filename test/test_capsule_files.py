@@ -77,8 +77,18 @@ def _mutations(data: bytes):
 
 
 KINDS = [
-    "truncated", "truncated_header", "trailing", "payload_bit_flip", "digest_flip", "bad_magic",
-    "bad_version", "huge_header_len", "header_not_json", "header_fields", "empty", "foreign",
+    "truncated",
+    "truncated_header",
+    "trailing",
+    "payload_bit_flip",
+    "digest_flip",
+    "bad_magic",
+    "bad_version",
+    "huge_header_len",
+    "header_not_json",
+    "header_fields",
+    "empty",
+    "foreign",
 ]
 
 

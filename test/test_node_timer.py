@@ -53,8 +53,10 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
 
 
 def test_lifecycle_through_the_standard_services(ros):
-    proc = ros.start_node({"trigger": "observation", "autostart": False},
-                          wait_services=("change_state", "list_capsules"))
+    proc = ros.start_node(
+        {"trigger": "observation", "autostart": False},
+        wait_services=("change_state", "list_capsules"),
+    )
     change = ros.client(ChangeState, proc.service("change_state"))
     get = ros.client(GetState, proc.service("get_state"))
 

@@ -59,8 +59,10 @@ def test_offline_replay_equals_node_replay(fresh, tmp_path):
 
 def test_checkpoint_restore_continues_exactly_as_the_first_pass(fresh, tmp_path):
     out = tmp_path / "cr"
-    assert replay([str(FIX / "arm_mcap"), str(out), "--checkpoint-at", "100",
-                   "--restore-at", "180"]) == 0
+    assert (
+        replay([str(FIX / "arm_mcap"), str(out), "--checkpoint-at", "100", "--restore-at", "180"])
+        == 0
+    )
     got = cmds(out)
     golden = cmds(GOLDEN / "arm_mcap_commands")
     assert len(got) == 180 + 200
@@ -90,13 +92,27 @@ def test_replay_errors_are_clear(tmp_path, capsys):
     cases = [
         ([str(tmp_path / "missing"), str(tmp_path / "o1")], "missing"),
         ([str(FIX / "fixtures.json"), str(tmp_path / "o2")], "bag"),
-        ([str(FIX / "arm_sqlite3"), str(tmp_path / "o3"), "--joint-states-topic", "/nope"],
-         "/nope"),
+        (
+            [str(FIX / "arm_sqlite3"), str(tmp_path / "o3"), "--joint-states-topic", "/nope"],
+            "/nope",
+        ),
         ([str(FIX / "arm_sqlite3"), str(FIX / "arm_mcap")], "exists"),
-        ([str(FIX / "arm_sqlite3"), str(tmp_path / "o4"), "--checkpoint-at", "5", "--offline"],
-         "go together"),
-        ([str(FIX / "arm_sqlite3"), str(tmp_path / "o5"), "--checkpoint-at", "5",
-          "--restore-at", "900", "--offline"], "only 300"),
+        (
+            [str(FIX / "arm_sqlite3"), str(tmp_path / "o4"), "--checkpoint-at", "5", "--offline"],
+            "go together",
+        ),
+        (
+            [
+                str(FIX / "arm_sqlite3"),
+                str(tmp_path / "o5"),
+                "--checkpoint-at",
+                "5",
+                "--restore-at",
+                "900",
+                "--offline",
+            ],
+            "only 300",
+        ),
     ]
     for argv, needle in cases:
         assert replay(argv) == 2, argv

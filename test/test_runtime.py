@@ -16,9 +16,7 @@ from test.engine_util import make_engine, observations
 
 def eager_reference(policy: HybridPolicy, seed: int, obs: np.ndarray) -> np.ndarray:
     """Plain eager PyTorch: the same policy over ordinary, separately allocated tensors."""
-    state = {
-        e.name: torch.zeros(e.shape, dtype=e.dtype) for e in policy.state_spec()
-    }
+    state = {e.name: torch.zeros(e.shape, dtype=e.dtype) for e in policy.state_spec()}
     state["goal"] = torch.zeros(1, policy.goal_dim)
     state["step"] = torch.zeros(1, dtype=torch.int64)
     policy.init_state(state, seed)
@@ -79,7 +77,11 @@ def test_refused_observation_changes_nothing(bad):
     eng = make_engine()
     for o in observations(10):
         eng.step(o)
-    before, obs_before, step = eng.state_bytes(), eng.session("main").obs.clone(), eng.session_step()
+    before, obs_before, step = (
+        eng.state_bytes(),
+        eng.session("main").obs.clone(),
+        eng.session_step(),
+    )
     with pytest.raises(ValueError):
         eng.step(bad)
     assert eng.state_bytes() == before
@@ -178,8 +180,14 @@ def test_load_policy_specs(tmp_path):
     assert load_policy("builtin:hybrid").obs_dim == 12
     p = load_policy("test.engine_util:make_engine".replace("make_engine", "tiny_policy"))
     assert p.config.d_model == 16
-    for bad in ("builtin:nope", "", "no_such_module:f", "test.engine_util:observations",
-                str(tmp_path / "missing.pt2"), "plain words"):
+    for bad in (
+        "builtin:nope",
+        "",
+        "no_such_module:f",
+        "test.engine_util:observations",
+        str(tmp_path / "missing.pt2"),
+        "plain words",
+    ):
         with pytest.raises(ValueError):
             load_policy(bad)
     junk = tmp_path / "junk.pt2"

@@ -23,8 +23,9 @@ GOLDEN = FIXTURES / "golden"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--force", action="store_true", help="replace existing golden bags")
     a = ap.parse_args()
     GOLDEN.mkdir(exist_ok=True)

@@ -18,9 +18,16 @@ def stamp_to_time(stamp: float) -> Time:
 
 def capsule_msg(info: CapsuleInfo) -> CapsuleInfoMsg:
     return CapsuleInfoMsg(
-        id=info.id, name=info.name, session=info.session, parent_id=info.parent_id,
-        step=int(info.step), nbytes=int(info.nbytes), tier=info.tier, checksum=info.checksum,
-        pinned=bool(info.pinned), stamp=stamp_to_time(info.stamp),
+        id=info.id,
+        name=info.name,
+        session=info.session,
+        parent_id=info.parent_id,
+        step=int(info.step),
+        nbytes=int(info.nbytes),
+        tier=info.tier,
+        checksum=info.checksum,
+        pinned=bool(info.pinned),
+        stamp=stamp_to_time(info.stamp),
     )
 
 

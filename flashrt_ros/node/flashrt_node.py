@@ -71,8 +71,12 @@ class FlashrtNode(LifecycleNode):
                 )
             t0 = time.monotonic()
             engine = Engine(
-                policy, device=cfg.device, seed=cfg.seed, capsule_slots=cfg.capsule_slots,
-                host_capsule_slots=cfg.host_capsule_slots, capsule_dir=cfg.capsule_dir or None,
+                policy,
+                device=cfg.device,
+                seed=cfg.seed,
+                capsule_slots=cfg.capsule_slots,
+                host_capsule_slots=cfg.host_capsule_slots,
+                capsule_dir=cfg.capsule_dir or None,
                 max_sessions=cfg.max_sessions + 1,  # + the hidden rollout session
             )
         except (ValueError, RuntimeError, OSError) as e:
@@ -83,13 +87,17 @@ class FlashrtNode(LifecycleNode):
         if cfg.output in ("commands", "both"):
             self._pub_cmd = self.create_lifecycle_publisher(Float64MultiArray, "commands", 10)
         if cfg.output in ("joint_trajectory", "both"):
-            self._pub_traj = self.create_lifecycle_publisher(JointTrajectory, "joint_trajectory", 10)
+            self._pub_traj = self.create_lifecycle_publisher(
+                JointTrajectory, "joint_trajectory", 10
+            )
         self._subs = [
             self.create_subscription(
                 Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._cb_inputs
             ),
             self.create_subscription(
-                JointState, "joint_states", self._on_joint_states,
+                JointState,
+                "joint_states",
+                self._on_joint_states,
                 qos_profile_sensor_data if cfg.trigger == "timer" else 100,
                 callback_group=self._cb_inputs,
             ),
@@ -227,7 +235,9 @@ class FlashrtNode(LifecycleNode):
         rate = st.rate(time.monotonic())
         with st.lock:
             kv = {
-                "state": "active" if self.active else ("inactive" if self.engine else "unconfigured"),
+                "state": "active"
+                if self.active
+                else ("inactive" if self.engine else "unconfigured"),
                 "rate_hz": f"{rate:.1f}",
                 "steps": str(st.steps),
                 "step_p50_us": f"{st.step_us.pct(50):.1f}",
@@ -254,8 +264,10 @@ class FlashrtNode(LifecycleNode):
         elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
             level, message = DiagnosticStatus.WARN, "stale: no fresh joint_states, holding"
         status = DiagnosticStatus(
-            level=level, name=f"{self.get_fully_qualified_name()}: control loop",
-            message=message, hardware_id="flashrt",
+            level=level,
+            name=f"{self.get_fully_qualified_name()}: control loop",
+            message=message,
+            hardware_id="flashrt",
             values=[KeyValue(key=k, value=v) for k, v in kv.items()],
         )
         arr = DiagnosticArray(status=[status])

@@ -10,7 +10,10 @@ DEFAULT_JOINTS = [f"joint{i}" for i in range(1, 7)]
 
 # name: (default, description)
 PARAMETERS: dict[str, tuple[object, str]] = {
-    "policy": ("builtin:hybrid", "policy spec: builtin:hybrid, package.module:factory or a .pt2 path"),
+    "policy": (
+        "builtin:hybrid",
+        "policy spec: builtin:hybrid, package.module:factory or a .pt2 path",
+    ),
     "weights": ("", "weights file for the policy ('' = the shipped weights)"),
     "device": ("auto", "auto | cpu | cuda | cuda:N"),
     "trigger": ("timer", "timer: step at rate_hz; observation: one step per joint_states message"),

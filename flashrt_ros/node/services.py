@@ -55,8 +55,9 @@ class CapsuleServices:
             try:
                 eng = self._engine()
                 session = self._session(eng, req.session)
-                info = eng.checkpoint(session, name=req.name or None, pin=req.pin,
-                                      persist=req.persist)
+                info = eng.checkpoint(
+                    session, name=req.name or None, pin=req.pin, persist=req.persist
+                )
             except (ValueError, RuntimeError) as e:
                 return self._fail(resp, "checkpoint", e)
         resp.success, resp.capsule = True, capsule_msg(info)
@@ -87,9 +88,11 @@ class CapsuleServices:
                 check_session_name(req.session)
                 if req.session == SCRATCH:
                     raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
-                if req.session not in eng.sessions() and len(eng.sessions()) - (
-                    SCRATCH in eng.sessions()
-                ) >= self.node.cfg.max_sessions:
+                if (
+                    req.session not in eng.sessions()
+                    and len(eng.sessions()) - (SCRATCH in eng.sessions())
+                    >= self.node.cfg.max_sessions
+                ):
                     raise RuntimeError(
                         f"max_sessions={self.node.cfg.max_sessions} reached; "
                         "branch into an existing session or raise max_sessions"

@@ -80,7 +80,7 @@ class HybridPolicy(Policy):
         lanes = torch.arange(c.chunk_len * c.action_dim, dtype=torch.int64)
         self.register_buffer("noise_lanes", lanes, persistent=False)
 
-    # -- protocol ---------------------------------------------------------------------------------
+    # -- protocol -----------------------------------------------------------------------------
     def state_spec(self) -> list[StateEntry]:
         c = self.config
         dh = c.d_model // c.n_heads
@@ -109,7 +109,7 @@ class HybridPolicy(Policy):
     def config_dict(self) -> dict:
         return asdict(self.config)
 
-    # -- the computation ----------------------------------------------------------------------------
+    # -- the computation ----------------------------------------------------------------------
     def forward_state(self, obs: torch.Tensor, state: dict, inplace: bool):
         """One step. inplace=True updates `state` tensors in place (serving); False rebinds the
         dict entries to new tensors so autograd can train through a rollout."""

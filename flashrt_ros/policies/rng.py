@@ -1,4 +1,4 @@
-"""Counter-based noise: randomness that lives in the state, so a restored capsule replays it exactly.
+"""Counter-based noise: randomness that lives in the state, so a restore replays it exactly.
 
 A stateful torch.Generator is outside the arena (a capsule would not capture it) and is awkward
 inside a CUDA graph. Instead the noise is a pure integer hash of (key, counter, lane), computed with

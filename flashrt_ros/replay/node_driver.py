@@ -33,7 +33,9 @@ class NodeDriver:
         self.js = self.n.create_publisher(JointState, f"{ns}/joint_states", 100)
         self.goal_pub = self.n.create_publisher(Float64MultiArray, f"{ns}/goal", 10)
         self.n.create_subscription(
-            Float64MultiArray, f"{ns}/commands", lambda m: self.commands.append(np.array(m.data)),
+            Float64MultiArray,
+            f"{ns}/commands",
+            lambda m: self.commands.append(np.array(m.data)),
             100,
         )
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
@@ -56,8 +58,10 @@ class NodeDriver:
 
     def _call(self, client, req):
         if not client.wait_for_service(timeout_sec=self.timeout):
-            raise NodeError(f"no flashrt node answering at {self.node_name} (is it running, "
-                            "in this ROS_DOMAIN_ID?)")
+            raise NodeError(
+                f"no flashrt node answering at {self.node_name} (is it running, "
+                "in this ROS_DOMAIN_ID?)"
+            )
         fut = client.call_async(req)
         self._spin_until(fut.done, client.srv_name)
         return fut.result()
@@ -67,18 +71,23 @@ class NodeDriver:
         resp = self._call(self.params, GetParameters.Request(names=["trigger", "joint_names"]))
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
         if trigger != "observation":
-            raise NodeError(f"{self.node_name} runs trigger:={trigger}; replay needs "
-                            "trigger:=observation (one step per joint_states message)")
+            raise NodeError(
+                f"{self.node_name} runs trigger:={trigger}; replay needs "
+                "trigger:=observation (one step per joint_states message)"
+            )
         self._spin_until(lambda: self.js.get_subscription_count() > 0, "joint_states subscriber")
         self._spin_until(lambda: self.goal_pub.get_subscription_count() > 0, "goal subscriber")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
         return joints
 
     def _publish_js(self, event: InputEvent) -> None:
-        self.js.publish(JointState(
-            name=list(event.names), position=[float(x) for x in event.position],
-            velocity=[float(x) for x in event.velocity],
-        ))
+        self.js.publish(
+            JointState(
+                name=list(event.names),
+                position=[float(x) for x in event.position],
+                velocity=[float(x) for x in event.velocity],
+            )
+        )
 
     def goal(self, data: np.ndarray) -> None:
         n = self.goal_echoes

@@ -92,8 +92,9 @@ def play(
             print(f"  {100 * i // total:3d}%  {len(res.commands)} commands", file=sys.stderr)
             next_report += 0.1
     if restore_at is not None and res.restored_at is None:
-        raise ValueError(f"--restore-at {restore_at}: the bag has only {len(res.commands)} "
-                         "valid observations")
+        raise ValueError(
+            f"--restore-at {restore_at}: the bag has only {len(res.commands)} valid observations"
+        )
     return res
 
 

@@ -25,16 +25,28 @@ Exit status: 0 done, 2 bad input (bag, topic, node missing or misconfigured).
 
 def parse(argv):
     ap = argparse.ArgumentParser(
-        prog="flashrt-replay", description=__doc__, epilog=EPILOG,
+        prog="flashrt-replay",
+        description=__doc__,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("in_bag", metavar="IN_BAG", help="rosbag2 folder or file (sqlite3 or MCAP)")
-    ap.add_argument("out_bag", metavar="OUT_BAG", help="where to write the commands (must not exist)")
+    ap.add_argument(
+        "out_bag", metavar="OUT_BAG", help="where to write the commands (must not exist)"
+    )
     ap.add_argument("--checkpoint-at", type=int, metavar="N", help="checkpoint after N commands")
-    ap.add_argument("--restore-at", type=int, metavar="M",
-                    help="after M commands restore that checkpoint and replay from N again")
-    ap.add_argument("--rate", type=float, default=0.0,
-                    help="pace at X times bag time (default 0: as fast as the node answers)")
+    ap.add_argument(
+        "--restore-at",
+        type=int,
+        metavar="M",
+        help="after M commands restore that checkpoint and replay from N again",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="pace at X times bag time (default 0: as fast as the node answers)",
+    )
     ap.add_argument("--node", default="/flashrt", help="the node's full name (default /flashrt)")
     ap.add_argument("--joint-states-topic", default="/joint_states")
     ap.add_argument("--goal-topic", default="/goal")
@@ -46,8 +58,11 @@ def parse(argv):
     off.add_argument("--weights", default="")
     off.add_argument("--device", default="cpu")
     off.add_argument("--seed", type=int, default=0)
-    off.add_argument("--joints", default=",".join(f"joint{i}" for i in range(1, 7)),
-                     help="joint names, comma separated (the node's are read from it)")
+    off.add_argument(
+        "--joints",
+        default=",".join(f"joint{i}" for i in range(1, 7)),
+        help="joint names, comma separated (the node's are read from it)",
+    )
     a = ap.parse_args(argv)
     if a.rate < 0:
         ap.error("--rate must be >= 0")
@@ -62,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.exists(a.out_bag):
             raise ValueError(f"{a.out_bag} exists; choose a new OUT_BAG")
         n_js = sum(e.kind == "joint_states" for e in events)
-        print(f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
-              f"{len(events) - n_js} goals", file=sys.stderr)
+        print(
+            f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
+            f"{len(events) - n_js} goals",
+            file=sys.stderr,
+        )
         if a.offline:
             result = _offline(a, events)
         else:
@@ -75,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("flashrt-replay: interrupted; nothing written", file=sys.stderr)
         return 130
-    print(f"flashrt-replay: {len(result.commands)} commands -> {a.out_bag}; "
-          f"{len(result.skipped)} samples skipped, {result.goals} goals"
-          + (f"; restored after {result.restored_at}" if result.restored_at is not None else ""))
+    print(
+        f"flashrt-replay: {len(result.commands)} commands -> {a.out_bag}; "
+        f"{len(result.skipped)} samples skipped, {result.goals} goals"
+        + (f"; restored after {result.restored_at}" if result.restored_at is not None else "")
+    )
     for idx, why in result.skipped[:10]:
         print(f"  skipped event {idx}: {why}", file=sys.stderr)
     return 0
@@ -86,11 +106,18 @@ def main(argv: list[str] | None = None) -> int:
 def _offline(a, events):
     from flashrt_ros import Engine, load_policy
 
-    engine = Engine(load_policy(a.policy, weights=a.weights or None), device=a.device,
-                    seed=a.seed)
+    engine = Engine(load_policy(a.policy, weights=a.weights or None), device=a.device, seed=a.seed)
     mapper = JointMapper([j for j in a.joints.split(",") if j])
-    return play(events, mapper, EngineDriver(engine), a.checkpoint_at, a.restore_at, a.rate,
-                progress=True, goal_dim=engine.goal_dim)
+    return play(
+        events,
+        mapper,
+        EngineDriver(engine),
+        a.checkpoint_at,
+        a.restore_at,
+        a.rate,
+        progress=True,
+        goal_dim=engine.goal_dim,
+    )
 
 
 def _through_node(a, events):
@@ -102,8 +129,16 @@ def _through_node(a, events):
     driver = NodeDriver(a.node, a.timeout)
     try:
         mapper = JointMapper(driver.connect())
-        return play(events, mapper, driver, a.checkpoint_at, a.restore_at, a.rate,
-                    progress=True, goal_dim=mapper.n)
+        return play(
+            events,
+            mapper,
+            driver,
+            a.checkpoint_at,
+            a.restore_at,
+            a.rate,
+            progress=True,
+            goal_dim=mapper.n,
+        )
     finally:
         driver.close()
         rclpy.try_shutdown()

@@ -58,7 +58,9 @@ def plan_layout(spec: list[StateEntry]) -> tuple[list[LayoutRow], int]:
         if e.role not in ROLES:
             raise ValueError(f"state {e.name!r}: unknown role {e.role!r} (one of {ROLES})")
         rows.append(
-            LayoutRow(e.name, str(e.dtype).replace("torch.", ""), tuple(e.shape), e.role, off, e.nbytes)
+            LayoutRow(
+                e.name, str(e.dtype).replace("torch.", ""), tuple(e.shape), e.role, off, e.nbytes
+            )
         )
         off = _round_up(off + e.nbytes)
     return rows, max(off, ALIGN)
@@ -83,8 +85,14 @@ class Arena:
     def layout(self) -> list[dict]:
         """The layout table: name, dtype, shape, role, offset, bytes."""
         return [
-            {"name": r.name, "dtype": r.dtype, "shape": list(r.shape), "role": r.role,
-             "offset": r.offset, "nbytes": r.nbytes}
+            {
+                "name": r.name,
+                "dtype": r.dtype,
+                "shape": list(r.shape),
+                "role": r.role,
+                "offset": r.offset,
+                "nbytes": r.nbytes,
+            }
             for r in self.rows
         ]
 
@@ -99,7 +107,7 @@ class Arena:
 
 
 def fingerprint(policy_id: str, weights_digest: str, layout: list[dict], device_type: str) -> str:
-    """Digest of what makes a capsule meaningful: which policy, which weights, which layout, where."""
+    """Digest of what gives a capsule meaning: which policy, weights, layout and device."""
     blob = json.dumps(
         {"policy": policy_id, "weights": weights_digest, "layout": layout, "device": device_type},
         sort_keys=True,

@@ -94,8 +94,14 @@ class Engine:
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = [
-            {"name": r.name, "dtype": r.dtype, "shape": list(r.shape), "role": r.role,
-             "offset": r.offset, "nbytes": r.nbytes}
+            {
+                "name": r.name,
+                "dtype": r.dtype,
+                "shape": list(r.shape),
+                "role": r.role,
+                "offset": r.offset,
+                "nbytes": r.nbytes,
+            }
             for r in rows
         ]
         self.fingerprint = fingerprint(
@@ -140,9 +146,7 @@ class Engine:
             raise RuntimeError(
                 f"max_sessions={self.max_sessions} reached; drop a session or raise max_sessions"
             )
-        s = Session(
-            name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse
-        )
+        s = Session(name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse)
         self._sessions[name] = s
         return s
 
@@ -173,7 +177,9 @@ class Engine:
         except (TypeError, ValueError) as e:
             raise ValueError(f"observations are not numeric: {e}") from None
         if rows.ndim != 2 or rows.shape[1] != self.obs_dim or rows.shape[0] == 0:
-            raise ValueError(f"observations must have shape (n>0, {self.obs_dim}), got {rows.shape}")
+            raise ValueError(
+                f"observations must have shape (n>0, {self.obs_dim}), got {rows.shape}"
+            )
         checked = [_vector(r, self.obs_dim, f"observation row {i}") for i, r in enumerate(rows)]
         out = np.empty((len(checked), self.action_dim), dtype=np.float64)
         for i, x in enumerate(checked):
@@ -216,7 +222,10 @@ class Engine:
 
     # -- capsules ----------------------------------------------------------------------------------
     def checkpoint(
-        self, session: str = "main", name: str | None = None, pin: bool = False,
+        self,
+        session: str = "main",
+        name: str | None = None,
+        pin: bool = False,
         persist: bool = False,
     ) -> CapsuleInfo:
         """Freeze the session's state with one device copy into the pool."""
@@ -224,8 +233,12 @@ class Engine:
         if persist and self.capsule_dir is None:
             raise ValueError("persist needs capsule_dir to be set")
         cap = self.pool.put(
-            s.arena.buf, name=name or "", session=s.name, parent_id=s.parent_id,
-            step=s.steps, pinned=pin,
+            s.arena.buf,
+            name=name or "",
+            session=s.name,
+            parent_id=s.parent_id,
+            step=s.steps,
+            pinned=pin,
         )
         if self.pool.evicted:
             log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
@@ -321,10 +334,17 @@ class Engine:
         info = self.pool.info(cap)
         payload = self.pool.source(cap).cpu().numpy().tobytes()
         header = {
-            "fingerprint": self.fingerprint, "layout": self.layout, "nbytes": self.state_nbytes,
-            "checksum": info.checksum, "id": info.id, "name": info.name,
-            "session": info.session, "parent_id": info.parent_id, "step": info.step,
-            "stamp": info.stamp, "policy": self.policy.policy_id,
+            "fingerprint": self.fingerprint,
+            "layout": self.layout,
+            "nbytes": self.state_nbytes,
+            "checksum": info.checksum,
+            "id": info.id,
+            "name": info.name,
+            "session": info.session,
+            "parent_id": info.parent_id,
+            "step": info.step,
+            "stamp": info.stamp,
+            "policy": self.policy.policy_id,
         }
         if not path.parent.is_dir():
             raise ValueError(f"folder {path.parent} does not exist")
@@ -347,8 +367,12 @@ class Engine:
         if label:
             check_capsule_name(label)
         cap = self.pool.put(
-            host.to(self.device), name=label, session=header["session"],
-            parent_id=header["parent_id"], step=header["step"], cid=header["id"],
+            host.to(self.device),
+            name=label,
+            session=header["session"],
+            parent_id=header["parent_id"],
+            step=header["step"],
+            cid=header["id"],
             stamp=header["stamp"],
         )
         return self.pool.info(cap)

@@ -51,8 +51,14 @@ class Session:
     """Everything one stream of control needs; the engine steps and copies it at boundaries."""
 
     def __init__(
-        self, name: str, policy: Policy, spec: list[StateEntry], device: torch.device,
-        seed: int, use_graph: bool, fuse: bool = False,
+        self,
+        name: str,
+        policy: Policy,
+        spec: list[StateEntry],
+        device: torch.device,
+        seed: int,
+        use_graph: bool,
+        fuse: bool = False,
     ):
         self.name = name
         self.arena = Arena(spec, device)

@@ -97,8 +97,41 @@ def checks() -> dict:
     g.restore_regions("cuda_cap", "main", ("kv",))  # paper ablation: main is 200 steps on
     res["kv_only_diverges"] = not np.array_equal(first, np.array([g.step(o) for o in obs[:200]]))
     res["cuda_python_copies"] = driver_copies()
+    try:
+        res["exported_policy"] = exported_check()
+    except Exception as ex:  # report, don't hide
+        res["exported_policy"] = f"{type(ex).__name__}: {ex}"[:300]
     res["tier"] = cap.tier
     return res
+
+
+def exported_check() -> dict:
+    """A user's torch.export policy captured on CUDA gives the module's actions."""
+    import tempfile
+
+    torch.manual_seed(5)
+    cell, out = torch.nn.GRUCell(18, 16), torch.nn.Linear(16, 6)
+
+    class User(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell, self.out = cell, out
+
+        def forward(self, obs, goal, h):
+            h2 = self.cell(torch.cat([obs, goal])[None], h[None])[0]
+            return obs[:6] + 0.1 * torch.tanh(self.out(h2)), h2
+
+    m = User().eval()
+    args = (torch.zeros(12), torch.zeros(6), torch.zeros(16))
+    path = Path(tempfile.mkdtemp()) / "user.pt2"
+    torch.export.save(torch.export.export(m, args), str(path))
+    eng = Engine(load_policy(str(path)), device="cuda")
+    h, worst = torch.zeros(16), 0.0
+    with torch.no_grad():
+        for o in obs_stream(200, seed=3):
+            a, h = m(torch.from_numpy(o), torch.zeros(6), h)
+            worst = max(worst, float(np.abs(eng.step(o) - a.numpy()).max()))
+    return {"captured": eng.session("main").captured, "max_abs_vs_module": worst}
 
 
 # -- step latency ----------------------------------------------------------------------------

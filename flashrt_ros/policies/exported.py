@@ -34,7 +34,8 @@ class ExportedPolicy(Policy):
             )
         with open(path, "rb") as fh:
             self._digest = hashlib.sha256(fh.read()).hexdigest()[:32]
-        self._fn = ep.module()
+        # not registered as a submodule: exported modules refuse .train()/.eval()
+        object.__setattr__(self, "_fn", ep.module())
         obs, goal, *state = args
         if obs.dim() != 1 or goal.dim() != 1:
             raise ValueError(f"{path}: obs and goal must be 1-D, got {obs.shape} and {goal.shape}")
@@ -68,7 +69,7 @@ class ExportedPolicy(Policy):
 
     def _apply(self, fn, recurse=True):
         # move the exported module's constants along with .to(device)
-        self._fn = self._fn._apply(fn) if hasattr(self._fn, "_apply") else self._fn
+        object.__setattr__(self, "_fn", self._fn._apply(fn))
         self._init = [fn(t) for t in self._init]
         return super()._apply(fn, recurse)
 

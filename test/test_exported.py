@@ -1,0 +1,74 @@
+"""A user's functional policy saved with torch.export, served through the arena and capsules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros import Engine, load_policy
+from test.engine_util import observations
+
+
+class UserPolicy(torch.nn.Module):
+    """(obs, goal, h, count) -> (action, new_h, new_count): a recurrent policy, functional."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.cell = torch.nn.GRUCell(18, 16)
+        self.out = torch.nn.Linear(16, 6)
+
+    def forward(self, obs, goal, h, count):
+        h2 = self.cell(torch.cat([obs, goal])[None], h[None])[0]
+        action = obs[:6] + 0.1 * torch.tanh(self.out(h2))
+        return action, h2, count + 1
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    m = UserPolicy().eval()
+    args = (torch.zeros(12), torch.zeros(6), torch.zeros(16), torch.zeros(1, dtype=torch.int64))
+    path = tmp_path_factory.mktemp("export") / "user_policy.pt2"
+    torch.export.save(torch.export.export(m, args), str(path))
+    return m, path
+
+
+def test_exported_policy_matches_the_module_step_by_step(program):
+    module, path = program
+    policy = load_policy(str(path))
+    assert (policy.obs_dim, policy.action_dim, policy.goal_dim) == (12, 6, 6)
+    eng = Engine(policy, device="cpu")
+    assert [r["name"] for r in eng.layout][:2] == ["s0", "s1"]
+    h, count = torch.zeros(16), torch.zeros(1, dtype=torch.int64)
+    obs = observations(40, seed=9)
+    eng.set_goal([0.2] * 6)
+    goal = torch.full((6,), 0.2)
+    with torch.no_grad():
+        for o in obs:
+            a, h, count = module(torch.as_tensor(o, dtype=torch.float32), goal, h, count)
+            assert np.allclose(eng.step(o), a.numpy(), atol=1e-6)
+    assert int(eng.session("main").views["s1"][0, 0]) == 40
+
+
+def test_exported_policy_capsules_restore_exactly(program):
+    _, path = program
+    eng = Engine(load_policy(str(path)), device="cpu")
+    obs = observations(60, seed=4)
+    for o in obs[:20]:
+        eng.step(o)
+    cap = eng.checkpoint()
+    first = np.array([eng.step(o) for o in obs[20:]])
+    eng.restore(cap.id)
+    assert np.array_equal(np.array([eng.step(o) for o in obs[20:]]), first)
+
+
+def test_export_without_state_or_bad_arity_is_refused(tmp_path):
+    class NoGoal(torch.nn.Module):
+        def forward(self, obs):
+            return (obs[:6],)
+
+    p = tmp_path / "nogoal.pt2"
+    torch.export.save(torch.export.export(NoGoal(), (torch.zeros(12),)), str(p))
+    with pytest.raises(ValueError, match="obs, goal"):
+        load_policy(str(p))

@@ -1,12 +1,39 @@
-"""Launch the flashrt node: `ros2 launch flashrt_ros flashrt.launch.py [namespace:=arm] ...`."""
+"""Launch the flashrt node: `ros2 launch flashrt_ros flashrt.launch.py [namespace:=arm] ...`.
+
+device:=... and trigger:=... override the params file only when given; left empty, the params
+file decides (so a robot's own YAML is never silently overridden by a launch default).
+"""
 
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+
+
+def _node(context):
+    overrides = {
+        key: LaunchConfiguration(key).perform(context)
+        for key in ("device", "trigger")
+        if LaunchConfiguration(key).perform(context)
+    }
+    return [
+        Node(
+            package="flashrt_ros",
+            executable="flashrt_node",
+            name="flashrt",
+            namespace=LaunchConfiguration("namespace"),
+            parameters=[LaunchConfiguration("params_file"), overrides],
+            remappings=[
+                ("joint_states", LaunchConfiguration("joint_states_topic")),
+                ("commands", LaunchConfiguration("commands_topic")),
+                ("goal", LaunchConfiguration("goal_topic")),
+            ],
+            output="screen",
+        )
+    ]
 
 
 def generate_launch_description():
@@ -19,10 +46,10 @@ def generate_launch_description():
             "params_file", default_value=default_params, description="parameters YAML file"
         ),
         DeclareLaunchArgument(
-            "device", default_value="auto", description='"auto" | "cuda" | "cuda:N" | "cpu"'
+            "device", default_value="", description='override: "auto" | "cuda" | "cuda:N" | "cpu"'
         ),
         DeclareLaunchArgument(
-            "trigger", default_value="timer", description='"timer" | "observation"'
+            "trigger", default_value="", description='override: "timer" | "observation"'
         ),
         DeclareLaunchArgument(
             "joint_states_topic", default_value="joint_states", description="observation topic"
@@ -32,23 +59,4 @@ def generate_launch_description():
         ),
         DeclareLaunchArgument("goal_topic", default_value="goal", description="goal topic"),
     ]
-    node = Node(
-        package="flashrt_ros",
-        executable="flashrt_node",
-        name="flashrt",
-        namespace=LaunchConfiguration("namespace"),
-        parameters=[
-            LaunchConfiguration("params_file"),
-            {
-                "device": LaunchConfiguration("device"),
-                "trigger": LaunchConfiguration("trigger"),
-            },
-        ],
-        remappings=[
-            ("joint_states", LaunchConfiguration("joint_states_topic")),
-            ("commands", LaunchConfiguration("commands_topic")),
-            ("goal", LaunchConfiguration("goal_topic")),
-        ],
-        output="screen",
-    )
-    return LaunchDescription([*args, node])
+    return LaunchDescription([*args, OpaqueFunction(function=_node)])

@@ -1,0 +1,246 @@
+"""The PNG plot of the flashrt demo (`python -m flashrt_ros.demo`); plain data in, no ROS.
+
+``plot_demo(record, path)`` draws two panels sharing the time axis:
+
+- top: the 6 joint positions (solid) and the goal the live policy was pursuing (dashed, same
+  colour per joint), with a vertical line and a label for each capsule operation and goal change;
+- bottom: the distance of the arm to that goal, with the phases of the story shaded.
+
+``record`` is the dict the demo writes as summary.json plus ``t`` / ``q`` arrays (seconds since
+the story started, joint positions; the demo writes them as joint_states.csv).
+Re-plot a finished run: ``python -m flashrt_ros.demo_plot OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# colour of the vertical line of each event kind
+EVENT_COLORS = {
+    "goal": "0.35",
+    "checkpoint": "tab:green",
+    "branch": "tab:purple",
+    "rollout": "tab:orange",
+    "failure": "black",
+    "restore": "tab:red",
+}
+PHASE_COLORS = ["#dbe9f6", "#fde3c8", "#f6d5d5", "#e3d9f1", "#d9f0d3", "#eeeeee"]
+
+
+def _clusters(events: list[dict], gap: float) -> list[list[dict]]:
+    """Group events closer than `gap` seconds, so their labels do not overlap."""
+    groups: list[list[dict]] = []
+    for ev in sorted(events, key=lambda e: e["t"]):
+        if groups and ev["t"] - groups[-1][-1]["t"] < gap:
+            groups[-1].append(ev)
+        else:
+            groups.append([ev])
+    return groups
+
+
+def _goal_at(segments: list[dict], t: np.ndarray, n: int) -> np.ndarray:
+    """The active goal (n values) at each time in `t`; NaN before the first segment."""
+    out = np.full((len(t), n), np.nan)
+    for seg in segments:
+        mask = t >= seg["t"]
+        out[mask] = np.asarray(seg["goal"], dtype=float)
+    return out
+
+
+def plot_demo(record: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    t = np.asarray(record["t"], dtype=float)
+    q = np.asarray(record["q"], dtype=float)
+    names = record.get("joint_names") or [f"joint{i + 1}" for i in range(q.shape[1])]
+    n = len(names)
+    t_end = float(record.get("story_s") or (t[-1] if len(t) else 1.0))
+    segments = record["goal_segments"]
+    events = [e for e in record["events"] if e.get("plot", True)]
+
+    fig = plt.figure(figsize=(15, 8.2), constrained_layout=True)
+    gs = fig.add_gridspec(2, 2, width_ratios=[3.3, 1.25], height_ratios=[3, 1.2])
+    ax = fig.add_subplot(gs[0, 0])
+    ax2 = fig.add_subplot(gs[1, 0], sharex=ax)
+    axt = fig.add_subplot(gs[:, 1])
+    axt.axis("off")
+    colors = [plt.get_cmap("tab10")(i) for i in range(n)]
+
+    # joints and the goal the live policy pursued
+    for j in range(n):
+        ax.plot(t, q[:, j], color=colors[j], lw=1.6, label=names[j])
+    tg = np.concatenate([[s["t"] for s in segments], [t_end]])
+    for k, seg in enumerate(segments):
+        for j in range(n):
+            ax.hlines(
+                seg["goal"][j],
+                tg[k],
+                tg[k + 1],
+                colors=[colors[j]],
+                linestyles="--",
+                lw=1.1,
+                alpha=0.85,
+            )
+    ax.plot([], [], "k--", lw=1.1, label="active goal")
+
+    # events: one line each; a numbered badge per cluster, explained in the table on the right
+    lo, hi = ax.get_ylim()
+    span = hi - lo
+    ax.set_ylim(lo, hi + 0.12 * span)  # headroom for the badges
+    for ev in events:
+        for a in (ax, ax2):
+            a.axvline(
+                ev["t"],
+                color=EVENT_COLORS.get(ev["kind"], "0.5"),
+                lw=1.2,
+                ls=":" if ev["kind"] == "goal" else "-",
+                alpha=0.9,
+            )
+    rows = []
+    for k, group in enumerate(_clusters(events, gap=0.02 * t_end), start=1):
+        ax.annotate(
+            str(k),
+            (group[0]["t"], hi + 0.06 * span),
+            ha="center",
+            va="center",
+            fontsize=9,
+            fontweight="bold",
+            color="white",
+            bbox=dict(
+                boxstyle="circle,pad=0.25", fc=EVENT_COLORS.get(group[0]["kind"], "0.4"), ec="none"
+            ),
+        )
+        for i, e in enumerate(group):
+            rows.append((str(k) if i == 0 else "", e))
+    ax.set_ylabel("joint position (rad)")
+    ax.legend(loc="lower left", ncol=4, fontsize=8, framealpha=0.9)
+    ax.grid(alpha=0.3)
+    plt.setp(ax.get_xticklabels(), visible=False)
+    d = record.get("diagnostics_end", {})
+    ax.set_title(
+        f"flashrt demo: the built-in policy drives the simulated arm at "
+        f"{record.get('rate_hz', 0):g} Hz; a planner checkpoints, branches, rolls out and restores",
+        fontsize=11,
+        loc="left",
+    )
+
+    # the table of events, colour-coded like the lines
+    y = 1.0
+    head = "events (t s; round trip; step it took effect at)"
+    axt.text(0.0, y, head, fontsize=9.5, fontweight="bold", va="top", transform=axt.transAxes)
+    y -= 0.045
+    for num, e in rows:
+        c = EVENT_COLORS.get(e["kind"], "0.3")
+        extra = ""
+        if e.get("rtt_ms") is not None:
+            extra = f"  {e['rtt_ms']:.1f} ms" + ("/call" if e["kind"] == "rollout" else "")
+        if e.get("step") is not None:
+            extra += f"  step {e['step']}"
+        if e.get("success") is False:
+            extra += "  FAILED"
+        axt.text(
+            0.0, y, num, fontsize=8.5, fontweight="bold", color=c, va="top", transform=axt.transAxes
+        )
+        axt.text(
+            0.07,
+            y,
+            f"{e['t']:5.2f}  {e['label']}",
+            fontsize=8,
+            color=c,
+            va="top",
+            family="monospace",
+            transform=axt.transAxes,
+        )
+        if extra:
+            y -= 0.032
+            axt.text(
+                0.07,
+                y,
+                "       " + extra.strip(),
+                fontsize=8,
+                color="0.3",
+                va="top",
+                family="monospace",
+                transform=axt.transAxes,
+            )
+        y -= 0.04
+    y -= 0.02
+    stats = [
+        f"steps {d.get('steps', '?')}, {d.get('rate_hz', '?')} Hz on {d.get('device', '?')}",
+        f"step p50 {d.get('step_p50_us', '?')} us, p99 {d.get('step_p99_us', '?')} us",
+        f"jitter p99 {d.get('jitter_p99_us', '?')} us, overruns {d.get('overruns', '?')}",
+    ]
+    for r in record.get("rollouts", []):
+        stats.append(
+            f"what-if {r['session']}: distance to {r['goal']} "
+            f"{r['start_error_to_goal']:.2f} -> {r['predicted_error_to_goal']:.2f} rad"
+        )
+    fe = record.get("final_error_rad")
+    if fe:
+        stats.append(f"final distance to goal: {fe['norm']:.3f} rad")
+    axt.text(0.0, y, "run", fontsize=9.5, fontweight="bold", va="top", transform=axt.transAxes)
+    y -= 0.045
+    for line in stats:
+        axt.text(0.0, y, line, fontsize=8, va="top", transform=axt.transAxes)
+        y -= 0.035
+    axt.text(
+        0.0,
+        max(y - 0.02, 0.0),
+        "restore rewinds the policy's execution state;\nthe arm itself does not teleport.",
+        fontsize=8,
+        style="italic",
+        va="top",
+        color="0.3",
+        transform=axt.transAxes,
+    )
+
+    # distance to the active goal, with the phases shaded
+    err = np.linalg.norm(q - _goal_at(segments, t, n), axis=1) if len(t) else np.zeros(0)
+    for k, seg in enumerate(segments):
+        ax2.axvspan(tg[k], tg[k + 1], color=PHASE_COLORS[k % len(PHASE_COLORS)], alpha=0.8, lw=0)
+        ax2.text(
+            (tg[k] + tg[k + 1]) / 2,
+            0.93,
+            seg["label"],
+            transform=ax2.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
+    ax2.plot(t, err, color="k", lw=1.3, label="|q - active goal|")
+    ax2.set_ylabel("distance to goal (rad)")
+    ax2.set_xlabel("time since the first goal (s)")
+    ax2.set_xlim(0, t_end)
+    top = float(np.nanmax(err)) if len(err) and np.isfinite(err).any() else 1.0
+    ax2.set_ylim(0, 1.3 * top + 1e-6)
+    ax2.grid(alpha=0.3)
+    ax2.legend(loc="upper right", fontsize=8)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def load_run(out_dir: str | Path) -> dict:
+    """summary.json and joint_states.csv of a demo run, as plot_demo takes them."""
+    out_dir = Path(out_dir)
+    record = json.loads((out_dir / "summary.json").read_text())
+    data = np.loadtxt(out_dir / "joint_states.csv", delimiter=",", skiprows=1, ndmin=2)
+    record["t"], record["q"] = data[:, 0], data[:, 1:]
+    return record
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python -m flashrt_ros.demo_plot OUT_DIR   (re-plots OUT_DIR/demo.png)")
+        sys.exit(0 if len(sys.argv) == 2 else 2)
+    print(plot_demo(load_run(sys.argv[1]), Path(sys.argv[1]) / "demo.png"))

@@ -1,0 +1,147 @@
+"""`python -m flashrt_ros.demo` end to end (short story), plus its plot on synthetic data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test.ros_helpers import HAVE_RCLPY, RCLPY_IMPORT_ERROR, REPO_ROOT, fresh_domain_id
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _require_rclpy() -> None:
+    if HAVE_RCLPY:
+        return
+    if os.environ.get("FLASHRT_ROOT"):
+        pytest.fail(f"env.sh is sourced but {RCLPY_IMPORT_ERROR}")
+    pytest.skip(RCLPY_IMPORT_ERROR or "rclpy not importable")
+
+
+def _env(domain: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["ROS_DOMAIN_ID"] = str(domain)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    env.pop("FLASHRT_DEMO_DOMAIN_ID", None)
+    return env
+
+
+def test_demo_help():
+    r = subprocess.run(
+        [sys.executable, "-m", "flashrt_ros.demo", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(fresh_domain_id()),
+    )
+    assert r.returncode == 0, r.stderr
+    for opt in ("--out", "--duration", "--rate", "--domain-id"):
+        assert opt in r.stdout
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    _require_rclpy()
+    domain = fresh_domain_id()
+    out = tmp_path / "demo"
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashrt_ros.demo",
+        "--out",
+        str(out),
+        "--duration",
+        "10",
+        "--domain-id",
+        str(domain),
+    ]
+    try:
+        r = subprocess.run(
+            cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=85, env=_env(domain)
+        )
+    except subprocess.TimeoutExpired as e:  # the demo's children die with it (PDEATHSIG)
+        pytest.fail(f"demo did not finish within 85 s; output so far:\n{e.stdout}\n{e.stderr}")
+    log = f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert r.returncode == 0, log
+
+    png = out / "demo.png"
+    assert png.is_file() and png.stat().st_size > 10_000, log
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+    summary = json.loads((out / "summary.json").read_text())
+    ops = summary["capsule_ops"]
+    kinds = {e["kind"] for e in ops}
+    assert {"checkpoint", "branch", "rollout", "restore"} <= kinds, ops
+    assert all(e["success"] for e in ops), ops
+    assert summary["all_ops_ok"] is True
+    assert all(e["rtt_ms"] > 0 for e in ops)
+    ckpt = next(e for e in ops if e["kind"] == "checkpoint")
+    restore = next(e for e in ops if e["kind"] == "restore")
+    assert restore["step"] == ckpt["step"]  # the live session went back to the checkpoint's step
+    assert summary["live_session_end"] == "plan_c"
+    assert any(c["name"] == "before_goal_b" for c in summary["capsules_end"])
+    assert summary["steps"] > 0
+    assert len(summary["rollouts"]) == 2 and all(r_["success"] for r_ in summary["rollouts"])
+    assert (out / "joint_states.csv").is_file()
+    assert (out / "flashrt_node.log").is_file() and (out / "sim_arm.log").is_file()
+
+    text = r.stdout.lower()
+    for word in ("checkpoint", "branch", "restore", "rollout", "summary"):
+        assert word in text, r.stdout
+
+
+def test_demo_plot_synthetic(tmp_path):
+    from flashrt_ros.demo_plot import plot_demo
+
+    t = np.linspace(0, 12, 600)
+    q = 0.5 * np.sin(t[:, None] * 0.5 + np.arange(6))
+    goals = {"A": [0.5] * 6, "C": [-0.5] * 6}
+    events = [
+        {"t": 0.0, "kind": "goal", "label": "goal A"},
+        {
+            "t": 3.0,
+            "kind": "checkpoint",
+            "label": "checkpoint x",
+            "rtt_ms": 1.0,
+            "step": 150,
+            "success": True,
+        },
+        {"t": 3.1, "kind": "rollout", "label": "rollout y", "rtt_ms": 2.0, "success": True},
+        {
+            "t": 6.0,
+            "kind": "restore",
+            "label": "restore x",
+            "rtt_ms": 1.5,
+            "step": 150,
+            "success": False,
+        },
+        {
+            "t": 8.0,
+            "kind": "branch",
+            "label": "branch z",
+            "rtt_ms": 1.2,
+            "step": 150,
+            "success": True,
+        },
+    ]
+    record = {
+        "t": t,
+        "q": q,
+        "story_s": 12.0,
+        "rate_hz": 50.0,
+        "events": events,
+        "goal_segments": [
+            {"t": 0.0, "goal": goals["A"], "label": "goal A"},
+            {"t": 8.0, "goal": goals["C"], "label": "goal C"},
+        ],
+        "diagnostics_end": {"steps": "600"},
+        "final_error_rad": {"norm": 0.1, "max_abs": 0.05},
+    }
+    png = plot_demo(record, tmp_path / "p.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC

@@ -54,7 +54,7 @@ EOF
   "$VENV/bin/python" -c 'import torch, numpy, pip' || die "the venv does not see torch/numpy/pip"
   touch "$VENV/COLCON_IGNORE" "$VENV/local_setup.sh"
   say "installing $(ls "$WHEELS"/*.whl | wc -l) wheels offline"
-  _ROS_WHEELS_BOOTSTRAP_COMPLETE=1 "$VENV/bin/python" -m pip install -q --no-index --no-deps \
+  _ROS_WHEELS_BOOTSTRAP_COMPLETE=1 "$VENV/bin/python" -m pip install -q --no-index --no-deps --ignore-installed \
     --no-cache-dir --disable-pip-version-check "$WHEELS"/*.whl || die "pip install of $WHEELS failed"
   echo "$want" > "$STAMP"
   rm -f build/.flashrt_build_key

@@ -149,6 +149,10 @@ def main(args: list[str] | None = None) -> int:
     except (ValueError, ParameterException) as exc:
         print(f"flashrt_sim_arm: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError:
+        # rclpy can raise from take_message when SIGINT shuts the context down mid-callback
+        if rclpy.ok():
+            raise
     finally:
         if node is not None:
             node.destroy_node()

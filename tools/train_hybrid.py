@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Train the built-in hybrid policy by imitating the ArmModel expert (behaviour cloning + DAgger).
 
-    python tools/train_hybrid.py [--out flashrt_ros/policies/weights/hybrid.pt] [--steps 500] [--seed 0]
+    python tools/train_hybrid.py [--out flashrt_ros/policies/weights/hybrid.pt]
+                                 [--steps 500] [--seed 0]
 
 Data: B parallel episodes of the simulated arm (the ArmModel dynamics, batched in numpy and
 checked against ArmModel at start-up) from random start positions and velocities toward random
 goals; 80% of the rows start at a log-uniform distance (0.01-3 rad per joint) from their goal,
-the rest anywhere; 40% of the rows switch to a new random goal at a random step mid-episode. Every visited
-state is labelled with ``expert_action`` (the expert the policy imitates).
+the rest anywhere; 40% of the rows switch to a new random goal at a random step mid-episode.
+Every visited state is labelled with ``expert_action`` (the expert the policy imitates).
 
 DAgger: early on every row is driven by the expert; then a growing fraction of rows (up to
 ``--policy-frac``) is driven by the policy's own (detached) action, so the policy also sees, and is
@@ -17,7 +18,8 @@ Loss (truncated BPTT over windows of ``--window`` steps, state carried across wi
 chunk ``new_chunk[:, k]`` predicted at step t vs the expert's target at step t+k along the recorded
 trajectory (entries past the window end or across a goal change are masked), plus the returned
 (temporally ensembled) action vs the expert's target at t. Errors are measured in units of the
-policy's ``delta_scale`` (0.05 rad), smooth-L1 (beta 0.01, close to L1). Adam with cosine learning-rate decay.
+policy's ``delta_scale`` (0.05 rad), smooth-L1 (beta 0.01, close to L1). Adam with cosine
+learning-rate decay.
 
 Writes ``{"config", "state_dict", "meta"}`` (loadable with torch.load(weights_only=True)).
 One optimizer step = one window of B x window steps; the default run (500 steps) takes about
@@ -89,7 +91,7 @@ def self_check(rng: np.random.Generator) -> None:
     """The batched arm and expert agree with ArmModel / expert_action."""
     arms = [ArmModel() for _ in range(4)]
     q0 = rng.uniform(LO, HI, (4, N))
-    for a, q in zip(arms, q0):
+    for a, q in zip(arms, q0, strict=True):
         a.reset(q)
     ba = BatchArm(q0, np.zeros((4, N)))
     goal = rng.uniform(LO + GOAL_MARGIN, HI - GOAL_MARGIN, (4, N))
@@ -197,8 +199,10 @@ def train(args) -> dict:
     opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
-        lambda i: min(1.0, (i + 1) / 50)
-        * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(i, args.steps) / args.steps))),
+        lambda i: (
+            min(1.0, (i + 1) / 50)
+            * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(i, args.steps) / args.steps)))
+        ),
     )
     B, W, T, C = args.batch, args.window, args.episode, cfg.chunk_len
     wins = T // W
@@ -266,7 +270,7 @@ def train(args) -> dict:
             hist.append((loss.item(), loss_chunk.item(), loss_act.item(), rmse))
             it += 1
             if it % args.log_every == 0 or it == args.steps:
-                h = np.mean(hist[-args.log_every:], 0)
+                h = np.mean(hist[-args.log_every :], 0)
                 print(
                     f"step {it:5d}/{args.steps}  loss {h[0]:.4f}  chunk {h[1]:.4f}  "
                     f"act {h[2]:.4f}  act_rmse {h[3] * 1000:.2f} mrad  dagger {frac:.2f}  "
@@ -276,7 +280,7 @@ def train(args) -> dict:
     train_s = time.time() - t0
     policy.eval()
     ev = closed_loop_eval(policy, seed=10_000 + args.seed)
-    final = np.mean(hist[-args.log_every:], 0)
+    final = np.mean(hist[-args.log_every :], 0)
     summary = {
         "train_seconds": round(train_s, 1),
         "final_loss": float(final[0]),
@@ -310,14 +314,27 @@ def main(argv=None) -> int:
     p.add_argument("--episode", type=int, default=200, help="steps per episode (%(default)s)")
     p.add_argument("--window", type=int, default=50, help="TBPTT window (%(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak Adam learning rate (%(default)s)")
-    p.add_argument("--policy-frac", type=float, default=0.75,
-                   help="final fraction of policy-driven (DAgger) rows (%(default)s)")
-    p.add_argument("--dagger-start", type=float, default=0.05,
-                   help="fraction of training after which DAgger rows ramp in (%(default)s)")
-    p.add_argument("--near-frac", type=float, default=0.8,
-                   help="fraction of episodes starting near their goal (%(default)s)")
-    p.add_argument("--beta", type=float, default=0.01,
-                   help="smooth-L1 beta in delta_scale units (%(default)s)")
+    p.add_argument(
+        "--policy-frac",
+        type=float,
+        default=0.75,
+        help="final fraction of policy-driven (DAgger) rows (%(default)s)",
+    )
+    p.add_argument(
+        "--dagger-start",
+        type=float,
+        default=0.05,
+        help="fraction of training after which DAgger rows ramp in (%(default)s)",
+    )
+    p.add_argument(
+        "--near-frac",
+        type=float,
+        default=0.8,
+        help="fraction of episodes starting near their goal (%(default)s)",
+    )
+    p.add_argument(
+        "--beta", type=float, default=0.01, help="smooth-L1 beta in delta_scale units (%(default)s)"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (%(default)s)")
     p.add_argument("--log-every", type=int, default=50, help="print every N steps (%(default)s)")
     args = p.parse_args(argv)
@@ -329,9 +346,8 @@ def main(argv=None) -> int:
     meta = {
         "trainer": "tools/train_hybrid.py",
         "method": "behaviour cloning of sim.dynamics.expert_action on ArmModel + DAgger, TBPTT",
-        "command": "python tools/train_hybrid.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"
-        ),
+        "command": "python tools/train_hybrid.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "seed": int(args.seed),
         "steps": int(args.steps),
         "batch": int(args.batch),

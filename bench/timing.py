@@ -26,28 +26,19 @@ def host_timed(fn: Callable[[], None], iters: int, warmup: int = 20, sync=None) 
 
 def event_timed(fn: Callable[[], None], iters: int, warmup: int = 5) -> np.ndarray:
     """Device time per call in microseconds between two events (launch gaps included)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = np.empty(iters)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(iters):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out[i] = start.elapsed_time(end) * 1e3
-    return out
+    return burst_timed(fn, iters, burst=1, warmup=warmup)
 
 
-def burst_timed(fn: Callable[[], None], samples: int, burst: int = 16) -> np.ndarray:
+def burst_timed(
+    fn: Callable[[], None], samples: int, burst: int = 16, warmup: int = 3
+) -> np.ndarray:
     """Microseconds per call over bursts of `burst` back-to-back calls between two events.
 
     A single tiny call timed between two events mostly measures the host's gap between
     recording the first event and issuing the call; in a burst each call costs what it costs
     in a stream of operations (host issue or device time, whichever is longer).
     """
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     out = np.empty(samples)

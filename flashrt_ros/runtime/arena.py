@@ -66,6 +66,22 @@ def plan_layout(spec: list[StateEntry]) -> tuple[list[LayoutRow], int]:
     return rows, max(off, ALIGN)
 
 
+def layout_table(rows: list[LayoutRow]) -> list[dict]:
+    """The layout as plain data (fingerprints and capsule files): name, dtype, shape, role,
+    offset, bytes."""
+    return [
+        {
+            "name": r.name,
+            "dtype": r.dtype,
+            "shape": list(r.shape),
+            "role": r.role,
+            "offset": r.offset,
+            "nbytes": r.nbytes,
+        }
+        for r in rows
+    ]
+
+
 class Arena:
     """A session's state: `buf` is the one allocation, `views` are named tensors aliasing it."""
 
@@ -83,18 +99,7 @@ class Arena:
             self.views[e.name] = raw.view(e.dtype).view(e.shape)
 
     def layout(self) -> list[dict]:
-        """The layout table: name, dtype, shape, role, offset, bytes."""
-        return [
-            {
-                "name": r.name,
-                "dtype": r.dtype,
-                "shape": list(r.shape),
-                "role": r.role,
-                "offset": r.offset,
-                "nbytes": r.nbytes,
-            }
-            for r in self.rows
-        ]
+        return layout_table(self.rows)
 
     def region(self, name: str) -> torch.Tensor:
         """The raw bytes of one named region (for partial copies such as the KV-only ablation)."""

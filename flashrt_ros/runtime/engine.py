@@ -18,7 +18,7 @@ from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name, check_session_name
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.policies.base import Policy
-from flashrt_ros.runtime.arena import fingerprint, plan_layout
+from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
@@ -93,17 +93,7 @@ class Engine:
         self.fuse = bool(use_graph and on_cuda if fuse is None else fuse and on_cuda)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
-        self.layout = [
-            {
-                "name": r.name,
-                "dtype": r.dtype,
-                "shape": list(r.shape),
-                "role": r.role,
-                "offset": r.offset,
-                "nbytes": r.nbytes,
-            }
-            for r in rows
-        ]
+        self.layout = layout_table(rows)
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )

@@ -160,3 +160,19 @@ def test_rmw_is_fastrtps():
 
     assert get_rmw_implementation_identifier() == "rmw_fastrtps_cpp"
     assert Path(rclpy.__file__).exists()
+
+
+def test_make_setup_again_rebuilds_nothing():
+    """`make test` ran setup just before: a second setup must find everything up to date."""
+    import subprocess
+
+    out = subprocess.run(
+        ["make", "--no-print-directory", "setup"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "requirements up to date" in out.stdout
+    assert "colcon build up to date" in out.stdout, out.stdout

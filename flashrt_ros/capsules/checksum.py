@@ -14,14 +14,25 @@ _CHUNK_WORDS = 1 << 24  # bound the temporaries for GiB-sized arenas
 _LANES = ((0x9E3779B1, 0x85EBCA77), (0xC2B2AE3D, 0x27D4EB2F))
 
 
+_CONSTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants(dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lane multipliers on `dev`, made once (a host-to-device copy per call would sync)."""
+    if dev not in _CONSTS:
+        m1 = torch.tensor([[a] for a, _ in _LANES], dtype=torch.int64, device=dev)
+        m2 = torch.tensor([[b] for _, b in _LANES], dtype=torch.int64, device=dev)
+        _CONSTS[dev] = (m1, m2)
+    return _CONSTS[dev]
+
+
 def device_checksum(buf: torch.Tensor) -> torch.Tensor:
     """int64 tensor of 2 lanes on buf's device; `buf` is uint8 with a length divisible by 4."""
     if buf.dtype != torch.uint8 or buf.numel() % 4:
         raise ValueError("checksum needs a uint8 buffer whose length is a multiple of 4")
     words = buf.view(torch.int32)
     dev = buf.device
-    m1 = torch.tensor([[a] for a, _ in _LANES], dtype=torch.int64, device=dev)
-    m2 = torch.tensor([[b] for _, b in _LANES], dtype=torch.int64, device=dev)
+    m1, m2 = _constants(dev)
     acc = torch.zeros(2, dtype=torch.int64, device=dev)
     for start in range(0, words.numel(), _CHUNK_WORDS):
         w = words[start : start + _CHUNK_WORDS].to(torch.int64) & _MASK32

@@ -132,3 +132,47 @@ def test_load_refuses_a_taken_name(saved):
     with pytest.raises(ValueError, match="taken"):
         eng.load_capsule(path)
     assert eng.load_capsule(path, name="ready2").name == "ready2"
+
+
+def test_failed_persist_changes_nothing(tmp_path):
+    d = tmp_path / "caps"
+    d.mkdir()
+    eng = make_engine(capsule_slots=2, capsule_dir=d)
+    run(eng, OBS[:5])
+    eng.checkpoint(name="a")
+    eng.checkpoint(name="b")  # the pool is full: a new capsule would evict "a"
+    before = eng.capsules()
+    d.rmdir()
+    with pytest.raises(ValueError, match="does not exist"):
+        eng.checkpoint(name="x", persist=True)
+    assert eng.capsules() == before
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("id", "../../tmp/victim"), ("session", "a/b"), ("parent_id", "../x"), ("name", "-x"),
+     ("stamp", float("nan")), ("step", 2**64)],
+)
+def test_forged_header_fields_are_refused(saved, tmp_path, field, value):
+    path, _, _ = saved
+    header, payload = diskfmt.read_capsule_file(path)
+    header[field] = value
+    forged = diskfmt.write_capsule_file(tmp_path / "forged.fcap", header, payload)
+    eng = make_engine()
+    with pytest.raises(ValueError, match=field if field != "step" else "bounds"):
+        eng.load_capsule(forged)
+    assert eng.capsules() == []
+
+
+def test_persisted_ids_never_overwrite_files_and_drop_removes_only_its_own(tmp_path):
+    (tmp_path / "c0001.fcap").write_bytes(b"somebody else's")
+    (tmp_path / "loose.fcap").write_bytes(b"not ours either")
+    eng = make_engine(capsule_dir=tmp_path)
+    info = eng.checkpoint(persist=True)
+    assert info.id != "c0001" and (tmp_path / f"{info.id}.fcap").exists()
+    assert (tmp_path / "c0001.fcap").read_bytes() == b"somebody else's"
+    eng.checkpoint(name="loose")  # not persisted: its drop must not touch loose.fcap
+    eng.drop("loose")
+    assert (tmp_path / "loose.fcap").exists()
+    eng.drop(info.id)
+    assert not (tmp_path / f"{info.id}.fcap").exists()

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from pathlib import Path
+
+from flashrt_ros.capsules.names import CAPSULE_NAME, SESSION_NAME
 
 MAGIC = b"FRTCAPS\x00"
 VERSION = 1
@@ -95,8 +98,19 @@ def read_capsule_file(path: str | Path) -> tuple[dict, bytes]:
         if not ok:
             raise ValueError(f"{path}: header field {key!r} missing or not {typ.__name__}")
     nbytes = header["nbytes"]
-    if nbytes <= 0 or header["step"] < 0:
+    if nbytes <= 0 or not 0 <= header["step"] < 2**63:
         raise ValueError(f"{path}: header sizes out of bounds")
+    if not math.isfinite(header["stamp"]) or header["stamp"] < 0:
+        raise ValueError(f"{path}: header stamp is not a time")
+    # ids and names become file names and lookup keys: the same rules as live ones
+    for key, rule, empty_ok in (
+        ("id", CAPSULE_NAME, False),
+        ("name", CAPSULE_NAME, True),
+        ("parent_id", CAPSULE_NAME, True),
+        ("session", SESSION_NAME, False),
+    ):
+        if not (header[key] == "" and empty_ok) and not rule.fullmatch(header[key]):
+            raise ValueError(f"{path}: header field {key!r} = {header[key]!r} is not allowed")
     expected = 16 + hlen + nbytes + 32
     if len(data) < expected:
         raise ValueError(f"{path}: truncated: {len(data)} bytes, expected {expected}")

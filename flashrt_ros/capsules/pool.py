@@ -75,6 +75,10 @@ class CapsulePool:
     def bytes_total(self) -> int:
         return self.slab.shape[0] * self.nbytes
 
+    def check_name_free(self, name: str) -> None:
+        if any(c.info.name == name for c in self.caps.values()):
+            raise ValueError(f"capsule name {name!r} is taken; drop that capsule first")
+
     def new_id(self) -> str:
         while True:
             cid = f"c{next(self._ids):04d}"
@@ -135,8 +139,7 @@ class CapsulePool:
         """Copy `src` (the arena bytes, device or host) into a slot. One copy, one checksum."""
         if name:
             check_capsule_name(name)
-            if any(c.info.name == name for c in self.caps.values()):
-                raise ValueError(f"capsule name {name!r} is taken; drop that capsule first")
+            self.check_name_free(name)
         if cid is not None and cid in self.caps:
             cid = None
         slot = self._take_slot()

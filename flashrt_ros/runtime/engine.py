@@ -7,6 +7,7 @@ not thread safe: one thread (the node's control loop) drives it.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,7 @@ class Engine:
         self.pool = CapsulePool(self.state_nbytes, self.device, capsule_slots, host_capsule_slots)
         self._sessions: dict[str, Session] = {}
         self._scratch: torch.Tensor | None = None
+        self._persisted: set[str] = set()  # ids whose file in capsule_dir this engine owns
         self.capsule_dir = Path(capsule_dir) if capsule_dir else None
         self.create_session("main")
         if self.capsule_dir is not None:
@@ -220,23 +222,48 @@ class Engine:
     ) -> CapsuleInfo:
         """Freeze the session's state with one device copy into the pool."""
         s = self.session(session)
-        if persist and self.capsule_dir is None:
-            raise ValueError("persist needs capsule_dir to be set")
-        cap = self.pool.put(
-            s.arena.buf,
-            name=name or "",
-            session=s.name,
-            parent_id=s.parent_id,
-            step=s.steps,
-            pinned=pin,
-        )
+        name = name or ""
+        cid, path, stamp = None, None, None
+        if persist:
+            # the file is written first: a failed write leaves the pool exactly as it was
+            if self.capsule_dir is None:
+                raise ValueError("persist needs capsule_dir to be set")
+            if name:
+                check_capsule_name(name)
+                self.pool.check_name_free(name)
+            cid, stamp = self._fresh_id(), time.time()
+            path = self.capsule_dir / f"{name or cid}{diskfmt.SUFFIX}"
+            header = self._header(
+                cid,
+                name,
+                s.name,
+                s.parent_id,
+                s.steps,
+                stamp,
+                to_hex(device_checksum(s.arena.buf)),
+            )
+            self._write_file(path, header, s.arena.buf.cpu().numpy().tobytes())
+        try:
+            cap = self.pool.put(
+                s.arena.buf,
+                name=name,
+                session=s.name,
+                parent_id=s.parent_id,
+                step=s.steps,
+                pinned=pin,
+                cid=cid,
+                stamp=stamp,
+            )
+        except (ValueError, RuntimeError):
+            if path is not None:
+                path.unlink(missing_ok=True)
+            raise
+        if persist:
+            self._persisted.add(cap.info.id)
         if self.pool.evicted:
             log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
             self.pool.evicted.clear()
-        info = self.pool.info(cap)
-        if persist:
-            self._write(cap, self.capsule_dir / f"{info.name or info.id}{diskfmt.SUFFIX}")
-        return info
+        return self.pool.info(cap)
 
     def restore(self, capsule: str, session: str = "main", verify: bool = True) -> CapsuleInfo:
         """Bring a capsule back into a session with one copy; the continuation is identical."""
@@ -292,11 +319,17 @@ class Engine:
         return self.pool.info(self.pool.get(ref))
 
     def drop(self, capsule: str) -> CapsuleInfo:
-        info = self.pool.drop(capsule)
-        if self.capsule_dir is not None:
-            f = self.capsule_dir / f"{info.name or info.id}{diskfmt.SUFFIX}"
-            f.unlink(missing_ok=True)
-        return info
+        """Drop a capsule; a persisted one loses its file in capsule_dir too (first, so a
+        failing unlink leaves everything in place)."""
+        cap = self.pool.get(capsule)
+        if cap.info.id in self._persisted:
+            f = self.capsule_dir / f"{cap.info.name or cap.info.id}{diskfmt.SUFFIX}"
+            try:
+                f.unlink(missing_ok=True)
+            except OSError as e:
+                raise ValueError(f"cannot remove {f}: {e.strerror}") from None
+            self._persisted.discard(cap.info.id)
+        return self.pool.drop(cap.info.id)
 
     def pin(self, capsule: str, pinned: bool = True) -> CapsuleInfo:
         return self.pool.set_pinned(capsule, pinned)
@@ -310,7 +343,7 @@ class Engine:
         self.pool.copy_out(cap, s.arena.buf)
         if verify and not torch.equal(device_checksum(s.arena.buf), cap.digest):
             s.arena.buf.copy_(self._scratch)
-            raise RuntimeError(f"restore of {cap.info.id} did not verify; state left unchanged")
+            raise ValueError(f"restore of {cap.info.id} did not verify; state left unchanged")
         s.steps = cap.info.step
         s.parent_id = cap.info.id
 
@@ -321,24 +354,43 @@ class Engine:
         return self._write(cap, Path(path))
 
     def _write(self, cap: Capsule, path: Path) -> Path:
-        info = self.pool.info(cap)
-        payload = self.pool.source(cap).cpu().numpy().tobytes()
-        header = {
+        i = self.pool.info(cap)
+        header = self._header(i.id, i.name, i.session, i.parent_id, i.step, i.stamp, i.checksum)
+        return self._write_file(path, header, self.pool.source(cap).cpu().numpy().tobytes())
+
+    def _header(self, cid, name, session, parent_id, step, stamp, checksum) -> dict:
+        return {
             "fingerprint": self.fingerprint,
             "layout": self.layout,
             "nbytes": self.state_nbytes,
-            "checksum": info.checksum,
-            "id": info.id,
-            "name": info.name,
-            "session": info.session,
-            "parent_id": info.parent_id,
-            "step": info.step,
-            "stamp": info.stamp,
+            "checksum": checksum,
+            "id": cid,
+            "name": name,
+            "session": session,
+            "parent_id": parent_id,
+            "step": int(step),
+            "stamp": float(stamp),
             "policy": self.policy.policy_id,
         }
+
+    @staticmethod
+    def _write_file(path: Path, header: dict, payload: bytes) -> Path:
         if not path.parent.is_dir():
             raise ValueError(f"folder {path.parent} does not exist")
-        return diskfmt.write_capsule_file(path, header, payload)
+        try:
+            return diskfmt.write_capsule_file(path, header, payload)
+        except OSError as e:  # disk full, read-only, permissions: the caller's input problem
+            raise ValueError(f"cannot write {path}: {e.strerror}") from None
+
+    def _fresh_id(self) -> str:
+        """An id free in the pool and, for persisted capsules, in capsule_dir."""
+        while True:
+            cid = self.pool.new_id()
+            if (
+                self.capsule_dir is None
+                or not (self.capsule_dir / f"{cid}{diskfmt.SUFFIX}").exists()
+            ):
+                return cid
 
     def load_capsule(self, path: str | Path, name: str | None = None) -> CapsuleInfo:
         """Read a capsule file into the pool after checking every field against this engine."""
@@ -374,6 +426,7 @@ class Engine:
         for f in sorted(d.glob(f"*{diskfmt.SUFFIX}")):
             try:
                 info = self.load_capsule(f)
+                self._persisted.add(info.id)
                 log.info("reloaded capsule %s (%s) from %s", info.id, info.name, f)
             except (ValueError, RuntimeError) as e:
                 log.warning("skipping capsule file %s: %s", f, e)

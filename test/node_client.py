@@ -81,6 +81,7 @@ class NodeClient:
             "list_capsules": srv.ListCapsules,
             "drop_capsule": srv.DropCapsule,
             "rollout": srv.Rollout,
+            "drop_session": srv.DropSession,
         }[service]
         req = typ.Request()
         for k, v in fields.items():

@@ -150,8 +150,14 @@ def test_failed_persist_changes_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("id", "../../tmp/victim"), ("session", "a/b"), ("parent_id", "../x"), ("name", "-x"),
-     ("stamp", float("nan")), ("step", 2**64)],
+    [
+        ("id", "../../tmp/victim"),
+        ("session", "a/b"),
+        ("parent_id", "../x"),
+        ("name", "-x"),
+        ("stamp", float("nan")),
+        ("step", 2**64),
+    ],
 )
 def test_forged_header_fields_are_refused(saved, tmp_path, field, value):
     path, _, _ = saved

@@ -164,6 +164,29 @@ def test_bad_observations_are_refused_counted_and_never_stepped(fresh):
             {"observations": [0.0] * 12, "n_steps": 1, "commit": True, "session": "main"},
             "live session",
         ),
+        (
+            "rollout",
+            {
+                "observations": [0.0] * 11 + [1e39],
+                "n_steps": 1,
+                "commit": True,
+                "session": "c_new",
+                "capsule": "origin",
+            },
+            "overflows float32",
+        ),
+        (
+            "rollout",
+            {
+                "observations": [0.0] * 12,
+                "n_steps": 1,
+                "commit": True,
+                "session": "_rollout",
+                "capsule": "origin",
+            },
+            "reserved",
+        ),
+        ("rollout", {"observations": [0.0] * 12, "n_steps": 20_000}, "n_steps"),
     ],
 )
 def test_bad_requests_answer_cleanly_and_change_nothing(fresh, service, fields, needle):
@@ -225,3 +248,38 @@ def test_capsule_calls_interleaved_with_a_200hz_stream(fresh):
     ros.spin_until(lambda: len(fresh.commands) - n0 >= sent[0], 10)
     assert len(fresh.commands) - n0 == sent[0]
     assert fresh.proc.alive()
+
+
+def test_session_limit_holds_for_branch_and_committed_rollouts(fresh):
+    """max_sessions (4) counts main and every branch; the hidden rollout session is extra."""
+    for s in fresh.call("list_capsules").sessions:
+        if s != "main":
+            assert fresh.call("drop_session", session=s).success
+    for bad, needle in (
+        ("main", "live session"),
+        ("nope", "unknown session"),
+        ("", "name a session"),
+        ("_rollout", "reserved"),
+    ):
+        r = fresh.call("drop_session", session=bad)
+        assert not r.success and needle in r.message, r.message
+    made = []
+    for name in ("s1", "s2", "s3"):
+        r = fresh.call("branch", capsule="origin", session=name)
+        assert r.success, r.message
+        made.append(name)
+    for resp in (
+        fresh.call("branch", capsule="origin", session="s4"),
+        fresh.call(
+            "rollout",
+            capsule="origin",
+            session="s4",
+            commit=True,
+            observations=[0.0] * 12,
+            n_steps=1,
+        ),
+    ):
+        assert not resp.success and "max_sessions" in resp.message
+    scratch = fresh.call("rollout", observations=[0.0] * 12, n_steps=1)
+    assert scratch.success, scratch.message  # a scratch fork still works at the limit
+    assert sorted(fresh.call("list_capsules").sessions) == sorted(["main", *made])

@@ -116,7 +116,9 @@ class FlashrtNode(LifecycleNode):
             self._latest_obs = None  # never act on an observation from before activation
         self.active = True
         if self.cfg.trigger == "timer":
-            self._loop = TimerLoop(self.cfg.rate_hz, self._timer_tick, self._on_timing)
+            self._loop = TimerLoop(
+                self.cfg.rate_hz, self._timer_tick, self._on_timing, self._on_tick_error
+            )
             self._loop.start()
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
@@ -150,7 +152,10 @@ class FlashrtNode(LifecycleNode):
                 self.destroy_lifecycle_publisher(p)
         self._pub_cmd = self._pub_traj = None
         with self.engine_lock:
+            fused = self.engine is not None and self.engine.fuse
             self.engine = None
+        if fused:  # drop compiled code that holds the old policy's weights
+            torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -192,24 +197,40 @@ class FlashrtNode(LifecycleNode):
     def _timer_tick(self) -> None:
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
-        if obs is None or time.monotonic() - t > self.cfg.obs_timeout_s:
-            with self.stats.lock:
-                self.stats.stale_ticks += 1
-                self.stats.stale_s += self._loop.period if self._loop else 0.0
-            return  # stale: no step, no command; the robot holds
-        self._step(obs)
+        self._step(obs, t)
 
-    def _step(self, obs: np.ndarray) -> None:
+    def _stale(self) -> None:
+        with self.stats.lock:
+            self.stats.stale_ticks += 1
+            self.stats.stale_s += self._loop.period if self._loop else 0.0
+
+    def _step(self, obs: np.ndarray | None, received: float | None = None) -> None:
+        """One tick. In timer mode `received` is when obs arrived: its age is checked after
+        the engine lock is taken, so a request that held the lock cannot make us step on
+        stale data."""
         t0 = time.monotonic()
         with self.engine_lock:
             eng = self.engine
             if eng is None:
                 return
+            if received is not None and (
+                obs is None or time.monotonic() - received > self.cfg.obs_timeout_s
+            ):
+                self._stale()
+                return  # stale: no step, no command; the robot holds
             try:
-                action = eng.step(obs, session=self.live)
-                chunk = eng.last_chunk(self.live) if self._pub_traj is not None else None
+                if self._pub_traj is not None:
+                    action, chunk = eng.step_with_chunk(obs, session=self.live)
+                else:
+                    action, chunk = eng.step(obs, session=self.live), None
             except ValueError as e:
                 self._refuse(str(e))
+                return
+            except Exception as e:  # a failing step must not kill the loop: report it
+                with self.stats.lock:
+                    self.stats.step_errors += 1
+                    self.stats.last_error = f"{type(e).__name__}: {e}"
+                self.get_logger().error(f"step failed: {e}", throttle_duration_sec=2.0)
                 return
         dt = time.monotonic() - t0
         if self._pub_cmd is not None:
@@ -223,6 +244,12 @@ class FlashrtNode(LifecycleNode):
             self.stats.steps += 1
             self.stats.step_us.add(dt * 1e6)
             self.stats.tick_times.add(t0)
+
+    def _on_tick_error(self, e: Exception) -> None:
+        with self.stats.lock:
+            self.stats.step_errors += 1
+            self.stats.last_error = f"{type(e).__name__}: {e}"
+        self.get_logger().error(f"control tick failed: {e}", throttle_duration_sec=2.0)
 
     def _on_timing(self, jitter: float, missed: int) -> None:
         with self.stats.lock:
@@ -248,6 +275,8 @@ class FlashrtNode(LifecycleNode):
                 "last_refusal": st.last_refusal,
                 "stale_ticks": str(st.stale_ticks),
                 "stale_s": f"{st.stale_s:.2f}",
+                "step_errors": str(st.step_errors),
+                "last_error": st.last_error,
             }
         level, message = DiagnosticStatus.OK, "stepping"
         with self.engine_lock:
@@ -259,7 +288,9 @@ class FlashrtNode(LifecycleNode):
                 kv["pool_bytes_used"] = str(eng.pool.bytes_used())
                 kv["pool_bytes_total"] = str(eng.pool.bytes_total())
                 kv["device"] = str(eng.device)
-        if not self.active:
+        if st.step_errors:
+            level, message = DiagnosticStatus.ERROR, f"step errors: {kv['last_error']}"
+        elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
         elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
             level, message = DiagnosticStatus.WARN, "stale: no fresh joint_states, holding"

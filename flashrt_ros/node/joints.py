@@ -17,6 +17,8 @@ class JointMapper:
             raise ValueError(f"joint_names must be unique non-empty names, got {names}")
         self.joint_names = names
         self.n = len(names)
+        self._names: tuple = ()  # the last message's names and their index: usually unchanged
+        self._idx: list[int] = []
 
     def observation(self, names: Sequence[str], position, velocity) -> np.ndarray:
         """The observation, or ValueError saying why the message is refused."""
@@ -25,11 +27,14 @@ class JointMapper:
                 f"joint_states has {len(names)} names, {len(position)} positions and "
                 f"{len(velocity)} velocities; they must match"
             )
-        index = {n: i for i, n in enumerate(names)}
-        missing = [j for j in self.joint_names if j not in index]
-        if missing:
-            raise ValueError(f"joint_states lacks joints {missing}")
-        idx = [index[j] for j in self.joint_names]
+        key = tuple(names)
+        if key != self._names:
+            index = {n: i for i, n in enumerate(names)}
+            missing = [j for j in self.joint_names if j not in index]
+            if missing:
+                raise ValueError(f"joint_states lacks joints {missing}")
+            self._names, self._idx = key, [index[j] for j in self.joint_names]
+        idx = self._idx
         obs = np.empty(2 * self.n, dtype=np.float64)
         for k, i in enumerate(idx):
             p, v = position[i], velocity[i]

@@ -13,10 +13,13 @@ class TimerLoop:
     """Calls `tick()` at `rate_hz`. Deadlines are absolute (start + k * period), so a late tick
     does not shift later ones; ticks missed entirely are counted as overruns and skipped."""
 
-    def __init__(self, rate_hz: float, tick: Callable[[], None], on_timing: Callable):
+    def __init__(
+        self, rate_hz: float, tick: Callable[[], None], on_timing: Callable, on_error: Callable
+    ):
         self.period = 1.0 / rate_hz
         self.tick = tick
         self.on_timing = on_timing  # (jitter_s, overruns) after each tick
+        self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -45,7 +48,10 @@ class TimerLoop:
             while time.monotonic() < deadline:
                 time.sleep(0)  # yields the GIL while spinning
             jitter = time.monotonic() - deadline
-            self.tick()
+            try:
+                self.tick()
+            except Exception as e:
+                self.on_error(e)
             deadline += self.period
             missed = 0
             now = time.monotonic()

@@ -9,9 +9,19 @@ import numpy as np
 
 from flashrt_ros.capsules.names import check_session_name
 from flashrt_ros.node.convert import capsule_msg
-from flashrt_ros.srv import Branch, Checkpoint, DropCapsule, ListCapsules, Restore, Rollout
+from flashrt_ros.srv import (
+    Branch,
+    Checkpoint,
+    DropCapsule,
+    DropSession,
+    ListCapsules,
+    Restore,
+    Rollout,
+)
 
-MAX_ROLLOUT_STEPS = 100_000
+# a rollout holds the single executor thread: in observation mode no joint_states are handled
+# meanwhile, so it is bounded (10,000 steps: ~1 s on CUDA, ~15 s on a CPU)
+MAX_ROLLOUT_STEPS = 10_000
 
 
 class CapsuleServices:
@@ -24,9 +34,40 @@ class CapsuleServices:
             (Branch, "~/branch", self.branch),
             (ListCapsules, "~/list_capsules", self.list_capsules),
             (DropCapsule, "~/drop_capsule", self.drop_capsule),
+            (DropSession, "~/drop_session", self.drop_session),
             (Rollout, "~/rollout", self.rollout),
         ):
-            node.create_service(srv, name, fn, callback_group=group)
+            node.create_service(srv, name, self._guarded(fn), callback_group=group)
+
+    def _guarded(self, fn):
+        """Last resort: an unexpected exception answers success=false instead of killing the
+        node's only executor thread."""
+
+        def handler(req, resp):
+            try:
+                return fn(req, resp)
+            except Exception as e:
+                self.node.get_logger().error(f"{fn.__name__}: unexpected {type(e).__name__}: {e}")
+                if hasattr(resp, "success"):
+                    resp.success = False
+                    resp.message = f"{fn.__name__} failed unexpectedly: {type(e).__name__}: {e}"
+                return resp
+
+        return handler
+
+    def _target_session(self, eng, name: str) -> None:
+        """A session a request may create or overwrite: valid, not reserved, within the limit."""
+        from flashrt_ros.node.flashrt_node import SCRATCH
+
+        check_session_name(name)
+        if name == SCRATCH:
+            raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
+        existing = [s for s in eng.sessions() if s != SCRATCH]
+        if name not in existing and len(existing) >= self.node.cfg.max_sessions:
+            raise RuntimeError(
+                f"max_sessions={self.node.cfg.max_sessions} reached; "
+                "use an existing session, drop one, or raise max_sessions"
+            )
 
     def _engine(self):
         eng = self.node.engine
@@ -80,23 +121,11 @@ class CapsuleServices:
         return resp
 
     def branch(self, req, resp):
-        from flashrt_ros.node.flashrt_node import SCRATCH
 
         with self.node.engine_lock:
             try:
                 eng = self._engine()
-                check_session_name(req.session)
-                if req.session == SCRATCH:
-                    raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
-                if (
-                    req.session not in eng.sessions()
-                    and len(eng.sessions()) - (SCRATCH in eng.sessions())
-                    >= self.node.cfg.max_sessions
-                ):
-                    raise RuntimeError(
-                        f"max_sessions={self.node.cfg.max_sessions} reached; "
-                        "branch into an existing session or raise max_sessions"
-                    )
+                self._target_session(eng, req.session)
                 goal = list(req.goal) if len(req.goal) else None
                 info = eng.branch(req.capsule, req.session, goal=goal)
                 step = eng.session_step(req.session)
@@ -135,6 +164,22 @@ class CapsuleServices:
         self.node.get_logger().info(f"drop: {resp.message}")
         return resp
 
+    def drop_session(self, req, resp):
+        with self.node.engine_lock:
+            try:
+                eng = self._engine()
+                if not req.session:
+                    raise ValueError("name a session to drop")
+                self._session(eng, req.session)
+                if req.session == self.node.live:
+                    raise ValueError(f"{req.session!r} is the live session; activate another first")
+                eng.drop_session(req.session)
+            except ValueError as e:
+                return self._fail(resp, "drop_session", e)
+        resp.success, resp.message = True, f"dropped session {req.session!r}"
+        self.node.get_logger().info(f"drop_session: {resp.message}")
+        return resp
+
     def rollout(self, req, resp):
         """Step a session, or a scratch fork, on given observations; the robot sees nothing.
 
@@ -154,9 +199,10 @@ class CapsuleServices:
                         f"{len(req.observations)} observation values; n_steps={n} rows of "
                         f"obs_dim={width} need {n * width}"
                     )
-                rows = np.asarray(req.observations, dtype=np.float64).reshape(n, width)
-                if not np.isfinite(rows).all():
-                    raise ValueError("observations contain NaN or Inf")
+                # every row checked (size, NaN/Inf, float32 range) before any state moves
+                rows = eng.check_observations(
+                    np.asarray(req.observations, dtype=np.float64).reshape(n, width)
+                )
                 with self.node.engine_lock:
                     target = self._prepare_rollout(eng, req, SCRATCH)
                 actions = np.empty((n, eng.action_dim))
@@ -179,7 +225,7 @@ class CapsuleServices:
             if target == self.node.live:
                 raise ValueError(f"commit into the live session {target!r} is not allowed")
             if req.capsule:
-                check_session_name(target)
+                self._target_session(eng, target)
                 eng.branch(req.capsule, target)
             return target
         if req.capsule:

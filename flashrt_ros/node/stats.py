@@ -37,6 +37,8 @@ class LoopStats:
         self.stale_ticks = 0
         self.stale_s = 0.0
         self.last_refusal = ""
+        self.step_errors = 0
+        self.last_error = ""
         self.tick_times = Ring(8192)  # monotonic times of recent steps
 
     def rate(self, now: float, window: float = 2.0) -> float:

@@ -91,6 +91,7 @@ class Engine:
         self.max_sessions = int(max_sessions)
         self.use_graph = use_graph
         on_cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.current_stream(self.device) if on_cuda else None
         self.fuse = bool(use_graph and on_cuda if fuse is None else fuse and on_cuda)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
@@ -155,15 +156,17 @@ class Engine:
     def step(self, obs, session: str = "main") -> np.ndarray:
         """One replay of the session's step; returns the action (float64 copy)."""
         s = self.session(session)
-        x = _vector(obs, self.obs_dim, "observation")
-        self._stage(s, x)
-        s.plan.replay()
-        s.steps += 1
-        return self._fetch(s)
+        self._tick(s, _vector(obs, self.obs_dim, "observation"), chunk=False)
+        return s.action_np.astype(np.float64)
 
-    def rollout(self, observations, session: str = "main") -> np.ndarray:
-        """Step through rows of observations; every row is checked before the first step."""
+    def step_with_chunk(self, obs, session: str = "main") -> tuple[np.ndarray, np.ndarray]:
+        """step() plus the action chunk of this step, (chunk_len, action_dim), in one sync."""
         s = self.session(session)
+        self._tick(s, _vector(obs, self.obs_dim, "observation"), chunk=True)
+        return s.action_np.astype(np.float64), s.chunk_np.astype(np.float64)
+
+    def check_observations(self, observations) -> np.ndarray:
+        """Rows of observations as float32 (n, obs_dim), or ValueError naming the bad row."""
         try:
             rows = np.asarray(observations, dtype=np.float64)
         except (TypeError, ValueError) as e:
@@ -172,25 +175,32 @@ class Engine:
             raise ValueError(
                 f"observations must have shape (n>0, {self.obs_dim}), got {rows.shape}"
             )
-        checked = [_vector(r, self.obs_dim, f"observation row {i}") for i, r in enumerate(rows)]
-        out = np.empty((len(checked), self.action_dim), dtype=np.float64)
-        for i, x in enumerate(checked):
-            self._stage(s, x)
-            s.plan.replay()
-            s.steps += 1
-            out[i] = self._fetch(s)
+        return np.stack(
+            [_vector(r, self.obs_dim, f"observation row {i}") for i, r in enumerate(rows)]
+        )
+
+    def rollout(self, observations, session: str = "main") -> np.ndarray:
+        """Step through rows of observations; every row is checked before the first step."""
+        s = self.session(session)
+        rows = self.check_observations(observations)
+        out = np.empty((len(rows), self.action_dim), dtype=np.float64)
+        for i, x in enumerate(rows):
+            self._tick(s, x, chunk=False)
+            out[i] = s.action_np
         return out
 
-    def _stage(self, s: Session, x: np.ndarray) -> None:
-        s.host_obs[0].copy_(torch.from_numpy(x))
-        s.obs.copy_(s.host_obs, non_blocking=True)
-
-    def _fetch(self, s: Session) -> np.ndarray:
-        if s.action.is_cuda:
+    def _tick(self, s: Session, x: np.ndarray, chunk: bool) -> None:
+        """Stage a checked observation, replay, and bring the outputs to the host buffers."""
+        np.copyto(s.obs_np, x)
+        if self._stream is not None:
+            s.obs.copy_(s.host_obs, non_blocking=True)
+        s.plan.replay()
+        s.steps += 1
+        if self._stream is not None:
             s.host_action.copy_(s.action, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
-            return s.host_action[0].numpy().astype(np.float64)
-        return s.action[0].numpy().astype(np.float64)
+            if chunk:
+                s.host_chunk.copy_(s.chunk, non_blocking=True)
+            self._stream.synchronize()
 
     def last_chunk(self, session: str = "main") -> np.ndarray:
         """The action chunk of the session's latest step, (chunk_len, action_dim)."""

@@ -68,9 +68,16 @@ class Session:
         self.chunk = torch.zeros(
             (1, policy.chunk_len, policy.action_dim), dtype=torch.float32, device=device
         )
-        pin = torch.device(device).type == "cuda"
-        self.host_obs = torch.zeros(self.obs.shape, dtype=torch.float32, pin_memory=pin)
-        self.host_action = torch.zeros(self.action.shape, dtype=torch.float32, pin_memory=pin)
+        if torch.device(device).type == "cuda":  # pinned staging for async copies
+            self.host_obs = torch.zeros(self.obs.shape, pin_memory=True)
+            self.host_action = torch.zeros(self.action.shape, pin_memory=True)
+            self.host_chunk = torch.zeros(self.chunk.shape, pin_memory=True)
+        else:  # on the CPU the static buffers are the host buffers
+            self.host_obs, self.host_action, self.host_chunk = self.obs, self.action, self.chunk
+        # numpy views of the host buffers: staging and reading allocate no tensors per tick
+        self.obs_np = self.host_obs[0].numpy()
+        self.action_np = self.host_action[0].numpy()
+        self.chunk_np = self.host_chunk[0].numpy()
         self.steps = 0  # host mirror of views["step"], so reading it never syncs
         self.parent_id = ""
         with torch.no_grad():

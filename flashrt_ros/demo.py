@@ -483,24 +483,16 @@ class Story:
             persist=False,
         )
         self.say("planner: compare the alternatives B and C on forks of the checkpoint")
-        self.op(
-            "branch",
-            "branch -> try_b (goal B)",
-            "branch",
-            capsule="before_goal_b",
-            session="try_b",
-            activate=False,
-            goal=[float(x) for x in GOALS["B"]],
-        )
-        self.op(
-            "branch",
-            "branch -> try_c (goal C)",
-            "branch",
-            capsule="before_goal_b",
-            session="try_c",
-            activate=False,
-            goal=[float(x) for x in GOALS["C"]],
-        )
+        for g in ("B", "C"):
+            self.op(
+                "branch",
+                f"branch -> try_{g.lower()} (goal {g})",
+                "branch",
+                capsule="before_goal_b",
+                session=f"try_{g.lower()}",
+                activate=False,
+                goal=[float(x) for x in GOALS[g]],
+            )
         for session, g in (("try_b", "B"), ("try_c", "C")):
             self.rollout(session, g, ROLLOUT_HORIZON_S)
         self.goal("B")

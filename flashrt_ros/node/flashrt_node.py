@@ -25,12 +25,10 @@ from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.joints import JointMapper
 from flashrt_ros.node.loop import TimerLoop
-from flashrt_ros.node.services import CapsuleServices
+from flashrt_ros.node.services import SCRATCH, CapsuleServices
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
-
-SCRATCH = "_rollout"  # the session Rollout forks into; hidden from users
 
 
 class FlashrtNode(LifecycleNode):

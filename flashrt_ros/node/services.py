@@ -22,6 +22,7 @@ from flashrt_ros.srv import (
 # a rollout holds the single executor thread: in observation mode no joint_states are handled
 # meanwhile, so it is bounded (10,000 steps: ~1 s on CUDA, ~15 s on a CPU)
 MAX_ROLLOUT_STEPS = 10_000
+SCRATCH = "_rollout"  # the session Rollout forks into; hidden from users
 
 
 class CapsuleServices:
@@ -57,8 +58,6 @@ class CapsuleServices:
 
     def _target_session(self, eng, name: str) -> None:
         """A session a request may create or overwrite: valid, not reserved, within the limit."""
-        from flashrt_ros.node.flashrt_node import SCRATCH
-
         check_session_name(name)
         if name == SCRATCH:
             raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
@@ -76,8 +75,6 @@ class CapsuleServices:
         return eng
 
     def _session(self, eng, name: str) -> str:
-        from flashrt_ros.node.flashrt_node import SCRATCH
-
         s = name or self.node.live
         if s == SCRATCH:
             raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
@@ -141,8 +138,6 @@ class CapsuleServices:
         return resp
 
     def list_capsules(self, req, resp):
-        from flashrt_ros.node.flashrt_node import SCRATCH
-
         with self.node.engine_lock:
             eng = self.node.engine
             if eng is None:
@@ -186,8 +181,6 @@ class CapsuleServices:
         Each step takes the engine lock on its own, so a long rollout interleaves with the
         live control loop instead of stalling it.
         """
-        from flashrt_ros.node.flashrt_node import SCRATCH
-
         with self._rollout_lock:
             try:
                 eng = self._engine()

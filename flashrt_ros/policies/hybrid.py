@@ -10,7 +10,7 @@ predictions are blended by temporal ensembling. Every piece of that state lives 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -105,9 +105,6 @@ class HybridPolicy(Policy):
         act, new_chunk = self.forward_state(obs, state, inplace=True)
         action.copy_(act)
         chunk.copy_(new_chunk)
-
-    def config_dict(self) -> dict:
-        return asdict(self.config)
 
     # -- the computation ----------------------------------------------------------------------
     def forward_state(self, obs: torch.Tensor, state: dict, inplace: bool):

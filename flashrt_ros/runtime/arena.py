@@ -98,14 +98,6 @@ class Arena:
             raw = self.buf[r.offset : r.offset + r.nbytes]
             self.views[e.name] = raw.view(e.dtype).view(e.shape)
 
-    def layout(self) -> list[dict]:
-        return layout_table(self.rows)
-
-    def region(self, name: str) -> torch.Tensor:
-        """The raw bytes of one named region (for partial copies such as the KV-only ablation)."""
-        r = next(r for r in self.rows if r.name == name)
-        return self.buf[r.offset : r.offset + r.nbytes]
-
     def snapshot_bytes(self) -> bytes:
         """Host copy of the whole arena (tests and the disk tier; syncs)."""
         return self.buf.cpu().numpy().tobytes()

@@ -202,10 +202,6 @@ class Engine:
                 s.host_chunk.copy_(s.chunk, non_blocking=True)
             self._stream.synchronize()
 
-    def last_chunk(self, session: str = "main") -> np.ndarray:
-        """The action chunk of the session's latest step, (chunk_len, action_dim)."""
-        return self.session(session).chunk[0].cpu().numpy().astype(np.float64)
-
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
         s = self.session(session)

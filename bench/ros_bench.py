@@ -195,6 +195,8 @@ def diag_numbers(d: dict) -> dict:
         "overruns",
         "refused_inputs",
         "stale_ticks",
+        "service_p50_us",
+        "service_p99_us",
         "device",
         "state",
     ):
@@ -375,7 +377,10 @@ def run_services(cl: Client, proc, n: int) -> dict:
         t_ls.append(dt)
         cl.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))  # keep the pool from filling
     us = lambda a: np.asarray(a) * 1e6  # noqa: E731
+    nd = diag_numbers(cl.latest_diag(3.0))
     out = {
+        "node_handler_p50_us": nd.get("service_p50_us"),
+        "node_handler_p99_us": nd.get("service_p99_us"),
         "calls": n,
         "failures": len(fails),
         "first_failures": fails[:3],

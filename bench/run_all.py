@@ -23,9 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import burst_timed, event_timed, host_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
-from flashrt_ros.capsules.checksum import device_checksum  # noqa: E402
+from flashrt_ros.capsules.checksum import device_checksum, reference_digest  # noqa: E402
 from flashrt_ros.capsules.copy import copy_bytes, driver_copies  # noqa: E402
+from flashrt_ros.capsules.driver import drv  # noqa: E402
+from flashrt_ros.capsules.kernels import compiled as checksum_kernel  # noqa: E402
 from flashrt_ros.runtime.arena import Arena  # noqa: E402
+from flashrt_ros.runtime.graph import StepPlan  # noqa: E402
 from flashrt_ros.runtime.session import engine_entries  # noqa: E402
 
 MB = 1 << 20
@@ -53,6 +56,14 @@ def obs_stream(n: int, seed: int = 0) -> np.ndarray:
 
 
 # -- CUDA-path checks --------------------------------------------------------------------------
+def core_plan(s) -> StepPlan:
+    """The session's step captured without its IO nodes, to drive it from device-resident
+    observations (a whole history uploaded once) without a host round trip per step."""
+    plan = StepPlan(s.step_fn, s.obs.device)
+    plan.capture([s.arena.buf, s.obs, s.action, s.chunk])
+    return plan
+
+
 def checks() -> dict:
     res = {}
     obs = obs_stream(500)
@@ -71,6 +82,7 @@ def checks() -> dict:
     res["unfused_graph_equals_eager_cuda_bitwise"] = bool(np.array_equal(ua, ea))
     # 10,000 replays: stable (finite, bounded, no allocation growth), still agrees with eager
     s = g.session("main")
+    core = core_plan(s)
     long = obs_stream(10_000, seed=1)
     x = torch.from_numpy(long).cuda()
     torch.cuda.synchronize()
@@ -78,7 +90,7 @@ def checks() -> dict:
     t0 = time.perf_counter()
     for i in range(10_000):
         s.obs.copy_(x[i : i + 1])
-        s.plan.replay()
+        core.replay()
     torch.cuda.synchronize()
     res["replay_10k_s"] = round(time.perf_counter() - t0, 3)
     res["replay_10k_allocations"] = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0
@@ -139,10 +151,10 @@ def step_bench(spec_kw: dict, iters: int) -> dict:
     policy = load_policy("builtin:hybrid", **spec_kw).cuda().eval()
     eng = Engine(policy, device="cuda", seed=0)
     s = eng.session("main")
-    s.obs.copy_(torch.from_numpy(obs_stream(1)))
-    graph = host_timed(s.plan.replay, iters)
+    np.copyto(s.obs_np, obs_stream(1)[0])
+    graph = host_timed(s.plan.replay, iters)  # a whole tick: upload, step, download
     unfused = Engine(policy, device="cuda", seed=0, fuse=False).session("main")
-    unfused.obs.copy_(s.obs)
+    np.copyto(unfused.obs_np, s.obs_np)
     graph_unfused = host_timed(unfused.plan.replay, iters)
 
     state = {k: v.clone() for k, v in s.views.items()}
@@ -224,6 +236,73 @@ def capsule_row(d2d: float, mb: int, iters: int) -> dict:
     }
 
 
+def checksum_check() -> dict:
+    """The checksum kernel against the torch definition on random bytes of awkward sizes."""
+    sizes = [4, 1020, 4096 + 12, (1 << 20) + 36, 67_108_864 + 4]
+    ok = []
+    for n in sizes:
+        buf = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+        ok.append(torch.equal(device_checksum(buf), reference_digest(buf)))
+        ok.append(torch.equal(device_checksum(buf.cpu()), reference_digest(buf).cpu()))
+    before = device_checksum(buf).clone()
+    buf[n // 2] ^= 1  # one flipped bit changes the digest
+    return {
+        "kernel": checksum_kernel(0),
+        "equals_reference": all(ok),
+        "sizes": sizes,
+        "bitflip_detected": not torch.equal(device_checksum(buf), before),
+    }
+
+
+def copy_paths(iters: int) -> dict:
+    """Ways to issue one 1 MB device copy, in bursts (host issue cost dominates at this size),
+    against cloning the same state tensor by tensor. Informs capsules/copy.py."""
+    import ctypes
+
+    pol = load_policy("builtin:hybrid", d_model=256, n_layers=4, n_heads=8, kv_len=128)
+    arena = Arena(pol.state_spec() + engine_entries(pol), torch.device("cuda"))
+    arena.buf.random_()
+    dst = torch.empty_like(arena.buf)
+    views = list(arena.views.values())
+    n, sp, dp = arena.nbytes, arena.buf.data_ptr(), dst.data_ptr()
+    raw = torch.cuda.current_stream().cuda_stream
+    res: dict = {"bytes": n, "tensors": len(views)}
+    ways = {
+        "copy_bytes": lambda: copy_bytes(dst, arena.buf),
+        "torch_copy_": lambda: dst.copy_(arena.buf),
+        "clone_per_tensor": lambda: [v.clone() for v in views],
+    }
+    if drv is not None:
+        cd, cs, st = drv.CUdeviceptr(dp), drv.CUdeviceptr(sp), drv.CUstream(raw)
+        ways["cuda_python_preconverted"] = lambda: drv.cuMemcpyDtoDAsync(cd, cs, n, st)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            copy_bytes(dst, arena.buf)
+        ways["torch_graph_replay"] = g.replay
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        f = lib.cuMemcpyDtoDAsync_v2
+        f.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        ways["ctypes_libcuda"] = lambda: f(dp, sp, n, raw)
+    except OSError as e:
+        res["ctypes_error"] = str(e)
+    warm = time.perf_counter() + 1.0  # let the clocks come up before the first row
+    while time.perf_counter() < warm:
+        copy_bytes(dst, arena.buf)
+        torch.cuda.synchronize()
+    for name, fn in ways.items():
+        t = burst_timed(fn, iters)
+        res[f"{name}_p50_us"] = p(t, 50)
+        h0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        res[f"{name}_host_issue_us"] = round((time.perf_counter() - h0) / 200 * 1e6, 2)
+        torch.cuda.synchronize()
+    assert torch.equal(dst, arena.buf)
+    return res
+
+
 def engine_capsule_ops(iters: int) -> dict:
     """Engine-level cost for the shipped policy: what a service call pays on the device."""
     eng = Engine(load_policy("builtin:hybrid"), device="cuda", capsule_slots=4)
@@ -255,11 +334,12 @@ def reprefill_row(h: int, reps: int) -> dict:
     eng = Engine(load_policy("builtin:hybrid", kv_len=h), device="cuda", seed=0)
     s = eng.session("main")
     x = torch.from_numpy(obs_stream(h, seed=2)).cuda()
+    core = core_plan(s)
 
     def recompute() -> None:
         for i in range(h):  # the recurrence forces one step per observation
             s.obs.copy_(x[i : i + 1])
-            s.plan.replay()
+            core.replay()
 
     recompute()
     cap = eng.checkpoint(name="hist")
@@ -337,6 +417,9 @@ def main() -> int:
         "command": "python bench/run_all.py --out bench/results",
     }
     r["checks"] = checks()
+    r["checks"]["checksum"] = checksum_check()
+    r["copy_paths"] = copy_paths(200)
+    log("copy paths", r["copy_paths"])
     log("checks", r["checks"])
     r["d2d_GBps"] = d2d_bandwidth()
     log("d2d", r["d2d_GBps"])

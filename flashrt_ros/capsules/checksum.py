@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from flashrt_ros.capsules import kernels
+
 _MASK32 = 0xFFFFFFFF
 _CHUNK_WORDS = 1 << 24  # bound the temporaries for GiB-sized arenas
 _LANES = ((0x9E3779B1, 0x85EBCA77), (0xC2B2AE3D, 0x27D4EB2F))
@@ -26,10 +28,24 @@ def _constants(dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _CONSTS[dev]
 
 
-def device_checksum(buf: torch.Tensor) -> torch.Tensor:
-    """int64 tensor of 2 lanes on buf's device; `buf` is uint8 with a length divisible by 4."""
+def device_checksum(buf: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 tensor of 2 lanes on buf's device (written into `out` when given); `buf` is uint8
+    with a length divisible by 4. On CUDA one kernel computes it (kernels.py), elsewhere torch."""
     if buf.dtype != torch.uint8 or buf.numel() % 4:
         raise ValueError("checksum needs a uint8 buffer whose length is a multiple of 4")
+    if buf.is_cuda and buf.data_ptr() % 4 == 0:
+        dst = out if out is not None else torch.empty(2, dtype=torch.int64, device=buf.device)
+        if kernels.launch_checksum(buf, dst, _LANES):
+            return dst
+    ref = reference_digest(buf)
+    if out is None:
+        return ref
+    out.copy_(ref)
+    return out
+
+
+def reference_digest(buf: torch.Tensor) -> torch.Tensor:
+    """The digest in plain torch ops (CPU, and CUDA without the kernel); the definition."""
     words = buf.view(torch.int32)
     dev = buf.device
     m1, m2 = _constants(dev)

@@ -1,9 +1,9 @@
-"""One raw asynchronous byte copy between two buffers.
+"""Raw asynchronous copies: capsule bytes device to device, step IO host to device and back.
 
-On CUDA the copy goes straight to cuMemcpyDtoDAsync through cuda-python: a capsule operation is
-one memcpy of a contiguous region, and issuing it through the driver skips torch's dispatcher,
-dtype and shape checks (several microseconds of host time per call, which is most of the cost of
-a 1 MB checkpoint). Everything else, and any platform without cuda-python, uses Tensor.copy_.
+On CUDA a copy goes straight to the driver (cuMemcpy*Async through cuda-python): a capsule
+operation is one memcpy of a contiguous region, and issuing it through the driver skips torch's
+dispatcher, dtype and shape checks (several microseconds of host time per call, most of the cost
+of a 1 MB checkpoint). Everything else, and any platform without cuda-python, uses Tensor.copy_.
 """
 
 from __future__ import annotations
@@ -12,35 +12,61 @@ import logging
 
 import torch
 
-log = logging.getLogger(__name__)
+from flashrt_ros.capsules.driver import drv as _drv
+from flashrt_ros.capsules.driver import ptr as _ptr
+from flashrt_ros.capsules.driver import stream as _stream
 
-try:  # cuda-python is optional: the CPU path and CI need no GPU
-    from cuda.bindings import driver as _drv
-except Exception:  # pragma: no cover - depends on the machine
-    _drv = None
+log = logging.getLogger(__name__)
 
 _driver_ok = _drv is not None
 _SUCCESS = _drv.CUresult.CUDA_SUCCESS if _drv is not None else None
 
 
+def _fail(e) -> None:
+    global _driver_ok
+    log.warning("cuda-python copies unavailable (%s); using torch copies", e)
+    _driver_ok = False
+
+
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst <- src, both contiguous uint8 of equal size; ordered on the current stream."""
-    global _driver_ok
     if dst.numel() != src.numel():
         raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
     if _driver_ok and dst.is_cuda and src.is_cuda:
-        # the raw handle of the current stream, without building a torch Stream object
-        stream = torch._C._cuda_getCurrentRawStream(dst.get_device())
         try:
-            (err,) = _drv.cuMemcpyDtoDAsync(dst.data_ptr(), src.data_ptr(), dst.numel(), stream)
+            (err,) = _drv.cuMemcpyDtoDAsync(
+                _ptr(dst.data_ptr()), _ptr(src.data_ptr()), dst.numel(), _stream(dst.get_device())
+            )
         except Exception as e:  # binding mismatch: fall back for good, once
-            log.warning("cuda-python copy unavailable (%s); using torch copies", e)
-            _driver_ok = False
+            _fail(e)
         else:
             if err == _SUCCESS:
                 return
-            log.warning("cuMemcpyDtoDAsync failed (%s); using torch copies", err)
-            _driver_ok = False
+            _fail(err)
+    dst.copy_(src, non_blocking=True)
+
+
+def copy_io(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst <- src between a pinned host tensor and a device tensor (either way), asynchronous
+    on the current stream. Issued through the driver so that it can be captured into a CUDA
+    graph as a memcpy node (torch's pinned copy also records a host-allocator event)."""
+    n = dst.numel() * dst.element_size()
+    if _driver_ok and dst.is_cuda != src.is_cuda and dst.is_contiguous() and src.is_contiguous():
+        try:
+            if dst.is_cuda and not src.is_cuda:
+                (err,) = _drv.cuMemcpyHtoDAsync(
+                    _ptr(dst.data_ptr()), src.data_ptr(), n, _stream(dst.get_device())
+                )
+            else:
+                (err,) = _drv.cuMemcpyDtoHAsync(
+                    dst.data_ptr(), _ptr(src.data_ptr()), n, _stream(src.get_device())
+                )
+        except Exception as e:
+            _fail(e)
+        else:
+            if err == _SUCCESS:
+                return
+            _fail(err)
     dst.copy_(src, non_blocking=True)
 
 

@@ -41,6 +41,9 @@ class CapsulePool:
         self.slab = torch.empty((slots, self.nbytes), dtype=torch.uint8, device=self.device)
         pin = self.device.type == "cuda"
         self.host = torch.empty((host_slots, self.nbytes), dtype=torch.uint8, pin_memory=pin)
+        # one digest row per slot, written by the checksum kernel: no allocation per checkpoint
+        self.digests = torch.zeros((slots, 2), dtype=torch.int64, device=self.device)
+        self._probe = torch.zeros(2, dtype=torch.int64, device=self.device)
         self.free = list(range(slots))[::-1]
         self.free_host = list(range(host_slots))[::-1]
         self.caps: dict[str, Capsule] = {}
@@ -113,6 +116,7 @@ class CapsulePool:
             self._release(oldest)
         hs = self.free_host.pop()
         self.host[hs].copy_(self.slab[cap.slot], non_blocking=True)
+        cap.digest = cap.digest.clone()  # the slot's digest row goes to the next capsule
         self.free.append(cap.slot)
         cap.slot, cap.host_slot = None, hs
         cap.info = replace(cap.info, tier="host")
@@ -160,7 +164,8 @@ class CapsulePool:
             pinned=bool(pinned),
             stamp=time.time() if stamp is None else float(stamp),
         )
-        cap = Capsule(info, slot, None, device_checksum(dst), next(self._clock))
+        digest = device_checksum(dst, out=self.digests[slot])
+        cap = Capsule(info, slot, None, digest, next(self._clock))
         self.caps[info.id] = cap
         return cap
 
@@ -178,13 +183,9 @@ class CapsulePool:
             dst.copy_(src, non_blocking=True)
         cap.last_used = next(self._clock)
 
-    def verify_stored(self, cap: Capsule) -> None:
-        """Recompute the checksum of the stored bytes; ValueError when they no longer match."""
-        now = device_checksum(self.source(cap).to(self.device))
-        if not torch.equal(now, cap.digest):
-            raise ValueError(
-                f"capsule {cap.info.id} is corrupted: stored bytes no longer match its checksum"
-            )
+    def matches(self, cap: Capsule, buf: torch.Tensor) -> bool:
+        """Whether `buf` (device bytes) has the capsule's checksum (one sync)."""
+        return torch.equal(device_checksum(buf, out=self._probe), cap.digest)
 
     def drop(self, ref: str) -> CapsuleInfo:
         cap = self.get(ref)

@@ -8,6 +8,7 @@ between two steps: at the next commit boundary, or at once when the loop is idle
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -107,6 +108,10 @@ class FlashrtNode(LifecycleNode):
             f"trigger {cfg.trigger}, {len(engine.capsules())} capsules reloaded, "
             f"{time.monotonic() - t0:.2f} s"
         )
+        # Everything built so far lives as long as the node: freezing it keeps the collector's
+        # full passes (which hold the GIL for milliseconds) from walking it during control.
+        gc.collect()
+        gc.freeze()
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state) -> TransitionCallbackReturn:
@@ -142,6 +147,7 @@ class FlashrtNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _release(self) -> None:
+        self.capsule_services.flush_logs()
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
@@ -273,6 +279,8 @@ class FlashrtNode(LifecycleNode):
                 "last_refusal": st.last_refusal,
                 "stale_ticks": str(st.stale_ticks),
                 "stale_s": f"{st.stale_s:.2f}",
+                "service_p50_us": f"{st.service_us.pct(50):.1f}",
+                "service_p99_us": f"{st.service_us.pct(99):.1f}",
                 "step_errors": str(st.step_errors),
                 "last_error": st.last_error,
             }

@@ -6,7 +6,10 @@ import threading
 import time
 from collections.abc import Callable
 
-SPIN_S = 0.0002  # the last 200 us are busy-waited: sleep() alone overshoots by ~60-100 us
+# The last 200 us before a deadline are busy-waited: sleep() alone overshoots by ~60-100 us.
+# The spin keeps the GIL (no sleep(0)): yielding it lets rclpy's executor thread take it, and
+# getting it back can then take up to a whole switch interval, right at the deadline.
+SPIN_S = 0.0002
 
 
 class TimerLoop:
@@ -46,7 +49,7 @@ class TimerLoop:
                 if self._stop.wait(remaining - SPIN_S):
                     break
             while time.monotonic() < deadline:
-                time.sleep(0)  # yields the GIL while spinning
+                pass
             jitter = time.monotonic() - deadline
             try:
                 self.tick()

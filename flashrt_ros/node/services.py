@@ -4,6 +4,8 @@ a failure answers success=false with a message that says what to do, and changes
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 
 import numpy as np
 
@@ -29,6 +31,10 @@ class CapsuleServices:
     def __init__(self, node, group):
         self.node = node
         self._rollout_lock = threading.Lock()
+        # Logs of served requests are written after the reply has gone (by a 10 Hz timer on the
+        # same executor): a log line also publishes on /rosout and must not add to round trips.
+        self._pending: deque[tuple[bool, str]] = deque()
+        node.create_timer(0.1, self.flush_logs, callback_group=group)
         for srv, name, fn in (
             (Checkpoint, "~/checkpoint", self.checkpoint),
             (Restore, "~/restore", self.restore),
@@ -45,6 +51,7 @@ class CapsuleServices:
         node's only executor thread."""
 
         def handler(req, resp):
+            t0 = time.perf_counter()
             try:
                 return fn(req, resp)
             except Exception as e:
@@ -53,6 +60,10 @@ class CapsuleServices:
                     resp.success = False
                     resp.message = f"{fn.__name__} failed unexpectedly: {type(e).__name__}: {e}"
                 return resp
+            finally:
+                st = self.node.stats
+                with st.lock:
+                    st.service_us.add((time.perf_counter() - t0) * 1e6)
 
         return handler
 
@@ -84,8 +95,20 @@ class CapsuleServices:
     def _fail(self, resp, what: str, e: Exception):
         resp.success = False
         resp.message = f"{what} failed: {e}"
-        self.node.get_logger().warning(resp.message)
+        self._pending.append((True, resp.message))
         return resp
+
+    def _said(self, text: str) -> None:
+        self._pending.append((False, text))
+
+    def flush_logs(self) -> None:
+        log = self.node.get_logger()
+        while self._pending:
+            warn, text = self._pending.popleft()
+            if warn:  # rclpy ties a severity to each call site: two calls, not one
+                log.warning(text)
+            else:
+                log.info(text)
 
     # -- handlers ----------------------------------------------------------------------------------
     def checkpoint(self, req, resp):
@@ -100,7 +123,7 @@ class CapsuleServices:
                 return self._fail(resp, "checkpoint", e)
         resp.success, resp.capsule = True, capsule_msg(info)
         resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
-        self.node.get_logger().info(f"checkpoint: {resp.message}")
+        self._said(f"checkpoint: {resp.message}")
         return resp
 
     def restore(self, req, resp):
@@ -114,7 +137,7 @@ class CapsuleServices:
                 return self._fail(resp, "restore", e)
         resp.success, resp.capsule, resp.step = True, capsule_msg(info), step
         resp.message = f"restored {info.id} into {session!r}: step {step}"
-        self.node.get_logger().info(f"restore: {resp.message}")
+        self._said(f"restore: {resp.message}")
         return resp
 
     def branch(self, req, resp):
@@ -134,7 +157,7 @@ class CapsuleServices:
         resp.message = f"session {req.session!r} forked from {info.id} at step {step}" + (
             " and made live" if req.activate else ""
         )
-        self.node.get_logger().info(f"branch: {resp.message}")
+        self._said(f"branch: {resp.message}")
         return resp
 
     def list_capsules(self, req, resp):
@@ -156,7 +179,7 @@ class CapsuleServices:
             except ValueError as e:
                 return self._fail(resp, "drop", e)
         resp.success, resp.message = True, f"dropped {info.id}"
-        self.node.get_logger().info(f"drop: {resp.message}")
+        self._said(f"drop: {resp.message}")
         return resp
 
     def drop_session(self, req, resp):
@@ -172,7 +195,7 @@ class CapsuleServices:
             except ValueError as e:
                 return self._fail(resp, "drop_session", e)
         resp.success, resp.message = True, f"dropped session {req.session!r}"
-        self.node.get_logger().info(f"drop_session: {resp.message}")
+        self._said(f"drop_session: {resp.message}")
         return resp
 
     def rollout(self, req, resp):

@@ -40,6 +40,7 @@ class LoopStats:
         self.step_errors = 0
         self.last_error = ""
         self.tick_times = Ring(8192)  # monotonic times of recent steps
+        self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
 
     def rate(self, now: float, window: float = 2.0) -> float:
         with self.lock:

@@ -15,6 +15,7 @@ import torch
 
 from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.copy import copy_bytes, copy_io
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name, check_session_name
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
@@ -23,6 +24,8 @@ from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
+
+SPIN_WAIT_S = 0.002  # a step's wait polls (holding the GIL) up to this long, then blocks
 
 
 def resolve_device(device: str) -> torch.device:
@@ -92,6 +95,7 @@ class Engine:
         self.use_graph = use_graph
         on_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if on_cuda else None
+        self._done = torch.cuda.Event() if on_cuda else None
         self.fuse = bool(use_graph and on_cuda if fuse is None else fuse and on_cuda)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
@@ -192,15 +196,33 @@ class Engine:
     def _tick(self, s: Session, x: np.ndarray, chunk: bool) -> None:
         """Stage a checked observation, replay, and bring the outputs to the host buffers."""
         np.copyto(s.obs_np, x)
-        if self._stream is not None:
-            s.obs.copy_(s.host_obs, non_blocking=True)
-        s.plan.replay()
-        s.steps += 1
-        if self._stream is not None:
-            s.host_action.copy_(s.action, non_blocking=True)
+        if self._stream is None:
+            s.plan.replay()
+        elif s.io_in_graph:  # the graph uploads obs and downloads action and chunk itself
+            s.plan.replay()
+            self._wait()
+        else:
+            copy_io(s.obs, s.host_obs)
+            s.plan.replay()
+            copy_io(s.host_action, s.action)
             if chunk:
-                s.host_chunk.copy_(s.chunk, non_blocking=True)
-            self._stream.synchronize()
+                copy_io(s.host_chunk, s.chunk)
+            self._wait()
+        s.steps += 1
+
+    def _wait(self) -> None:
+        """Wait for the stream, first by polling an event while holding the GIL.
+
+        Stream.synchronize releases the GIL; in the node, getting it back after a step can take
+        a whole switch interval behind rclpy's executor thread, which showed up as publish
+        jitter. A step is ~0.1 ms: polling costs one core for that long. Beyond SPIN_WAIT_S
+        (long steps) the wait blocks as usual."""
+        self._done.record(self._stream)
+        t_end = time.perf_counter() + SPIN_WAIT_S
+        while not self._done.query():
+            if time.perf_counter() > t_end:
+                self._done.synchronize()
+                return
 
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
@@ -341,15 +363,20 @@ class Engine:
         return self.pool.set_pinned(capsule, pinned)
 
     def _copy_in(self, cap: Capsule, s: Session, verify: bool) -> None:
+        """One copy into the arena; with verify, the arena's checksum after the copy must be the
+        one taken at checkpoint (this catches corrupted stored bytes and a failed copy alike),
+        else the previous state is put back."""
         if verify:
-            self.pool.verify_stored(cap)
             if self._scratch is None:
                 self._scratch = torch.empty_like(s.arena.buf)
-            self._scratch.copy_(s.arena.buf)
+            copy_bytes(self._scratch, s.arena.buf)
         self.pool.copy_out(cap, s.arena.buf)
-        if verify and not torch.equal(device_checksum(s.arena.buf), cap.digest):
-            s.arena.buf.copy_(self._scratch)
-            raise ValueError(f"restore of {cap.info.id} did not verify; state left unchanged")
+        if verify and not self.pool.matches(cap, s.arena.buf):
+            copy_bytes(s.arena.buf, self._scratch)
+            raise ValueError(
+                f"capsule {cap.info.id} is corrupted: its bytes no longer match the checksum "
+                "taken at checkpoint; state left unchanged"
+            )
         s.steps = cap.info.step
         s.parent_id = cap.info.id
 

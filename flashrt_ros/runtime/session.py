@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from flashrt_ros.capsules.copy import copy_io
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import Arena, StateEntry
 from flashrt_ros.runtime.graph import StepPlan
@@ -97,7 +98,21 @@ class Session:
             else:
                 raw_step(policy, obs, views, action, chunk)
 
+        self.step_fn = step_fn  # the step over the static device buffers, without IO
         self.plan = StepPlan(step_fn, device, use_graph)
+        # With a graph, the observation upload and the output downloads are memcpy nodes of the
+        # graph: a tick is then one launch and one wait, with nothing else issued per step.
+        self.io_in_graph = self.plan.use_graph
+        if self.io_in_graph:
+            host_obs, host_action, host_chunk = self.host_obs, self.host_action, self.host_chunk
+
+            def io_step_fn() -> None:
+                copy_io(obs, host_obs)
+                step_fn()
+                copy_io(host_action, action)
+                copy_io(host_chunk, chunk)
+
+            self.plan.fn = io_step_fn
         self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])
 
     @property

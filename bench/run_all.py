@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timing import burst_timed, event_timed, host_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 from flashrt_ros.capsules.checksum import device_checksum, reference_digest  # noqa: E402
-from flashrt_ros.capsules.copy import copy_bytes, driver_copies  # noqa: E402
+from flashrt_ros.capsules.copy import copy_bytes, copy_now, driver_copies  # noqa: E402
 from flashrt_ros.capsules.driver import drv  # noqa: E402
 from flashrt_ros.capsules.kernels import compiled as checksum_kernel  # noqa: E402
 from flashrt_ros.runtime.arena import Arena  # noqa: E402
@@ -268,7 +268,8 @@ def copy_paths(iters: int) -> dict:
     raw = torch.cuda.current_stream().cuda_stream
     res: dict = {"bytes": n, "tensors": len(views)}
     ways = {
-        "copy_bytes": lambda: copy_bytes(dst, arena.buf),
+        "copy_bytes": lambda: copy_bytes(dst, arena.buf),  # what capsules use: graph replay
+        "driver_memcpy": lambda: copy_now(dst, arena.buf),
         "torch_copy_": lambda: dst.copy_(arena.buf),
         "clone_per_tensor": lambda: [v.clone() for v in views],
     }

@@ -56,6 +56,26 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert len(c.commands) > held
 
 
+def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
+    """In timer mode the control thread reads joint_states itself: bad messages are counted and
+    skipped there too, and the first valid one starts the commands."""
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3})
+    c = NodeClient(ros, proc)
+    bad = OBS[0].copy()
+    bad[2] = np.nan
+    for _ in range(20):
+        c.publish(bad)
+        c.publish(OBS[1], names=["joint1", "joint2"])  # names and arrays disagree
+        ros.spin_for(0.02)
+    ros.spin_for(0.3)
+    assert c.commands == []  # nothing valid arrived: nothing commanded
+    d = c.latest_diag(3.0)
+    assert int(d["refused_inputs"]) >= 20, d
+    assert "NaN" in d["last_refusal"] or "must match" in d["last_refusal"], d
+    stream(c, 0.5, 50.0)
+    assert c.commands and np.isfinite(c.commands[-1]).all()
+
+
 def test_services_while_the_timer_loop_steps(ros):
     """Requests interleave with the control thread: every call succeeds, commands keep flowing,
     a restore lands between two steps."""

@@ -1,9 +1,9 @@
 """Raw asynchronous copies: capsule bytes device to device, step IO host to device and back.
 
-On CUDA a copy goes straight to the driver (cuMemcpy*Async through cuda-python): a capsule
-operation is one memcpy of a contiguous region, and issuing it through the driver skips torch's
-dispatcher, dtype and shape checks (several microseconds of host time per call, most of the cost
-of a 1 MB checkpoint). Everything else, and any platform without cuda-python, uses Tensor.copy_.
+On CUDA a copy is one memcpy issued to the driver (cuMemcpy*Async through cuda-python), which
+skips torch's dispatcher, dtype and shape checks; capsule copies are then replayed from a
+captured one-node graph (graphs.py), the cheapest way to issue a memcpy. Everything else, and
+any platform without cuda-python, uses Tensor.copy_.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from flashrt_ros.capsules import graphs
 from flashrt_ros.capsules.driver import drv as _drv
 from flashrt_ros.capsules.driver import ptr as _ptr
 from flashrt_ros.capsules.driver import stream as _stream
@@ -29,10 +30,20 @@ def _fail(e) -> None:
 
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst <- src, both contiguous uint8 of equal size; ordered on the current stream."""
+    """dst <- src, both contiguous uint8 of equal size; ordered on the current stream. On CUDA
+    the copy is a one-node graph per (dst, src, size), replayed (graphs.py says why)."""
     if dst.numel() != src.numel():
         raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
-    if _driver_ok and dst.is_cuda and src.is_cuda:
+    if dst.is_cuda and src.is_cuda:
+        key = ("copy", dst.data_ptr(), src.data_ptr(), dst.numel())
+        graphs.run(key, lambda: copy_now(dst, src), dst.device)
+    else:
+        dst.copy_(src, non_blocking=True)
+
+
+def copy_now(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """The copy issued directly: one cuMemcpyDtoDAsync (torch's copy_ without cuda-python)."""
+    if _driver_ok:
         try:
             (err,) = _drv.cuMemcpyDtoDAsync(
                 _ptr(dst.data_ptr()), _ptr(src.data_ptr()), dst.numel(), _stream(dst.get_device())

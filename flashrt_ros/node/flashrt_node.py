@@ -1,9 +1,10 @@
 """The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
 
-Threads: rclpy's executor runs subscriptions (joint_states and goal in one mutually exclusive
-group, so they are handled in arrival order) and services (a reentrant group); the timer trigger
-runs its own thread. Every Engine call holds `engine_lock`, so a service request always lands
-between two steps: at the next commit boundary, or at once when the loop is idle.
+Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states (one
+mutually exclusive group, so they are handled in arrival order) and the services (a reentrant
+group). The timer trigger runs its own thread, which takes joint_states itself at the top of each
+tick (polled.py says why). Every Engine call holds `engine_lock`, so a service request always
+lands between two steps: at the next commit boundary, or at once when the loop is idle.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.joints import JointMapper
 from flashrt_ros.node.loop import TimerLoop
+from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import SCRATCH, CapsuleServices
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.policies.loader import load_policy
@@ -50,6 +52,8 @@ class FlashrtNode(LifecycleNode):
         self._pub_cmd = self._pub_traj = None
         self._cb_inputs = MutuallyExclusiveCallbackGroup()
         self._cb_services = ReentrantCallbackGroup()
+        self._polled = PolledGroup()
+        self._js_sub = None
         self._subs = []
         self.capsule_services = CapsuleServices(self, self._cb_services)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -98,9 +102,11 @@ class FlashrtNode(LifecycleNode):
                 "joint_states",
                 self._on_joint_states,
                 qos_profile_sensor_data if cfg.trigger == "timer" else 100,
-                callback_group=self._cb_inputs,
+                # timer mode: the control thread takes joint_states itself (polled.py says why)
+                callback_group=self._polled if cfg.trigger == "timer" else self._cb_inputs,
             ),
         ]
+        self._js_sub = self._subs[1]
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
@@ -150,7 +156,7 @@ class FlashrtNode(LifecycleNode):
         self.capsule_services.flush_logs()
         for s in self._subs:
             self.destroy_subscription(s)
-        self._subs = []
+        self._subs, self._js_sub = [], None
         for p in (self._pub_cmd, self._pub_traj):
             if p is not None:
                 self.destroy_lifecycle_publisher(p)
@@ -199,6 +205,9 @@ class FlashrtNode(LifecycleNode):
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self) -> None:
+        sub = self._js_sub
+        while sub is not None and (msg := take(sub)) is not None:  # newest valid one wins
+            self._on_joint_states(msg)
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
         self._step(obs, t)

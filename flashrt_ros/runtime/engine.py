@@ -318,7 +318,7 @@ class Engine:
         check_session_name(dst)
         b = self._sessions.get(dst) or self.create_session(dst)
         if b is not a:
-            b.arena.buf.copy_(a.arena.buf)
+            copy_bytes(b.arena.buf, a.arena.buf)
             b.steps, b.parent_id = a.steps, a.parent_id
 
     def rollback(self, session: str = "main", verify: bool = True) -> CapsuleInfo:

@@ -39,7 +39,9 @@ def device_checksum(buf: torch.Tensor, out: torch.Tensor | None = None) -> torch
             kernels.launch_checksum(buf, out, _LANES)
         else:  # fixed buffers: a captured graph, replayed (graphs.py)
             key = ("checksum", buf.data_ptr(), buf.numel(), out.data_ptr())
-            graphs.run(key, lambda: kernels.launch_checksum(buf, out, _LANES), buf.device)
+            graphs.run(
+                key, lambda h: kernels.launch_checksum(buf, out, _LANES, h), buf.get_device()
+            )
         return out
     ref = reference_digest(buf)
     if out is None:

@@ -13,6 +13,7 @@ import logging
 import torch
 
 from flashrt_ros.capsules import graphs
+from flashrt_ros.capsules.driver import check as _drv_check
 from flashrt_ros.capsules.driver import drv as _drv
 from flashrt_ros.capsules.driver import ptr as _ptr
 from flashrt_ros.capsules.driver import stream as _stream
@@ -29,16 +30,28 @@ def _fail(e) -> None:
     _driver_ok = False
 
 
+# Up to this size a capsule copy is a replayed one-node graph (cheapest to issue). The graph's
+# memcpy node runs at ~2.6 TB/s on the H200 against ~4.2 TB/s for a directly issued copy, so
+# larger copies, where bandwidth and not issue cost decides, are issued directly.
+GRAPH_MAX_BYTES = 8 << 20
+
+
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst <- src, both contiguous uint8 of equal size; ordered on the current stream. On CUDA
-    the copy is a one-node graph per (dst, src, size), replayed (graphs.py says why)."""
-    if dst.numel() != src.numel():
-        raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}")
-    if dst.is_cuda and src.is_cuda:
-        key = ("copy", dst.data_ptr(), src.data_ptr(), dst.numel())
-        graphs.run(key, lambda: copy_now(dst, src), dst.device)
-    else:
+    """dst <- src, both contiguous uint8 of equal size; ordered on the current stream."""
+    n = dst.numel()
+    if n != src.numel():
+        raise ValueError(f"copy of {src.numel()} bytes into {n}")
+    if not (dst.is_cuda and src.is_cuda):
         dst.copy_(src, non_blocking=True)
+    elif n <= GRAPH_MAX_BYTES and _driver_ok:
+        d, s = dst.data_ptr(), src.data_ptr()
+        graphs.run(("copy", d, s, n), lambda h: _memcpy(d, s, n, h), dst.get_device())
+    else:
+        copy_now(dst, src)
+
+
+def _memcpy(d: int, s: int, n: int, h) -> None:
+    _drv_check(_drv.cuMemcpyDtoDAsync(_ptr(d), _ptr(s), n, h), "cuMemcpyDtoDAsync")
 
 
 def copy_now(dst: torch.Tensor, src: torch.Tensor) -> None:

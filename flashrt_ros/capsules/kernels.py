@@ -111,14 +111,14 @@ def compiled(index: int) -> bool:
     return _funcs.get(index) is not None
 
 
-def launch_checksum(buf: torch.Tensor, out: torch.Tensor, lanes: tuple) -> bool:
-    """out (int64[2], zeroed here) <- digest of buf's 32-bit words, on the current stream.
-    False when the kernel is unavailable (nothing was launched)."""
+def launch_checksum(buf: torch.Tensor, out: torch.Tensor, lanes: tuple, h=None) -> bool:
+    """out (int64[2], zeroed here) <- digest of buf's 32-bit words, on stream `h` (default:
+    the current torch stream). False when the kernel is unavailable (nothing was launched)."""
     index = buf.get_device()
     func = function(index, lanes)
     if func is None:
         return False
-    h = stream(index)
+    h = stream(index) if h is None else h
     n = buf.numel() // 4
     _check(_drv.cuMemsetD8Async(ptr(out.data_ptr()), 0, 16, h), "cuMemsetD8Async")
     grid = max(1, min(_blocks[index], (n + THREADS - 1) // THREADS))

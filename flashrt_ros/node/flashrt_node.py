@@ -153,7 +153,6 @@ class FlashrtNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _release(self) -> None:
-        self.capsule_services.flush_logs()
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None
@@ -259,6 +258,8 @@ class FlashrtNode(LifecycleNode):
             self.stats.tick_times.add(t0)
 
     def _on_tick_error(self, e: Exception) -> None:
+        if not self.context.ok():  # shutting down (Ctrl-C): the loop is about to stop
+            return
         with self.stats.lock:
             self.stats.step_errors += 1
             self.stats.last_error = f"{type(e).__name__}: {e}"

@@ -48,6 +48,7 @@ def main(args: list[str] | None = None) -> int:
         if node.active and node._loop is not None:
             node._loop.stop()
         executor.shutdown(timeout_sec=1.0)
+        node.capsule_services.close()
         node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()

@@ -3,9 +3,9 @@ a failure answers success=false with a message that says what to do, and changes
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections import deque
 
 import numpy as np
 
@@ -31,10 +31,13 @@ class CapsuleServices:
     def __init__(self, node, group):
         self.node = node
         self._rollout_lock = threading.Lock()
-        # Logs of served requests are written after the reply has gone (by a 10 Hz timer on the
-        # same executor): a log line also publishes on /rosout and must not add to round trips.
-        self._pending: deque[tuple[bool, str]] = deque()
-        node.create_timer(0.1, self.flush_logs, callback_group=group)
+        # Logs of served requests are written by a thread of their own, after the reply: a log
+        # line also publishes on /rosout and must not add to round trips. (A periodic flush on
+        # the executor would wake it, and take the GIL from the control thread, ten times a
+        # second.)
+        self._pending: queue.SimpleQueue[tuple[bool, str] | None] = queue.SimpleQueue()
+        self._logger = threading.Thread(target=self._log_forever, name="flashrt-log", daemon=True)
+        self._logger.start()
         for srv, name, fn in (
             (Checkpoint, "~/checkpoint", self.checkpoint),
             (Restore, "~/restore", self.restore),
@@ -95,20 +98,25 @@ class CapsuleServices:
     def _fail(self, resp, what: str, e: Exception):
         resp.success = False
         resp.message = f"{what} failed: {e}"
-        self._pending.append((True, resp.message))
+        self._pending.put((True, resp.message))
         return resp
 
     def _said(self, text: str) -> None:
-        self._pending.append((False, text))
+        self._pending.put((False, text))
 
-    def flush_logs(self) -> None:
+    def _log_forever(self) -> None:
         log = self.node.get_logger()
-        while self._pending:
-            warn, text = self._pending.popleft()
+        while (item := self._pending.get()) is not None:
+            warn, text = item
             if warn:  # rclpy ties a severity to each call site: two calls, not one
                 log.warning(text)
             else:
                 log.info(text)
+
+    def close(self) -> None:
+        """Write what is queued and end the log thread."""
+        self._pending.put(None)
+        self._logger.join(timeout=2.0)
 
     # -- handlers ----------------------------------------------------------------------------------
     def checkpoint(self, req, resp):

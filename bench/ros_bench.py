@@ -286,10 +286,15 @@ def jitter_stats(stamps_ns: list[int], period_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-def run_timer(ros, args, rate: float, seconds: float, services: bool) -> tuple[dict, dict | None]:
-    """One timer-trigger node at `rate`: command rate and jitter; optionally service round trips."""
+def run_timer(
+    ros, args, rate: float, seconds: float, services: bool, offset: float = 0.0
+) -> tuple[dict, dict | None]:
+    """One timer-trigger node at `rate`: command rate and jitter; optionally service round trips.
+    `offset` is the node's publish_offset_s."""
     proc, startup = start_node(
-        ros, node_params(args, trigger="timer", rate_hz=rate), args.startup_timeout
+        ros,
+        node_params(args, trigger="timer", rate_hz=rate, publish_offset_s=offset),
+        args.startup_timeout,
     )
     cl = Client(ros, proc)
     svc = sp = None
@@ -308,6 +313,7 @@ def run_timer(ros, args, rate: float, seconds: float, services: bool) -> tuple[d
         d1 = cl.latest_diag(3.0)
         row = {
             "target_hz": rate,
+            "publish_offset_s": offset,
             "seconds": round((t1 - t0) * 1e-9, 2),
             "commands": i1 - i0,
             "achieved_hz": round((i1 - i0) / ((t1 - t0) * 1e-9), 1),
@@ -455,6 +461,12 @@ def main() -> int:
     ap.add_argument("--obs-samples", type=int, default=None, help="lockstep (2000; quick 200)")
     ap.add_argument("--service-calls", type=int, default=None, help="per service (200; quick 30)")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
+    ap.add_argument(
+        "--publish-offset",
+        type=float,
+        default=0.0004,
+        help="also run the service rate with this publish_offset_s (0 = skip)",
+    )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--topic", default="/joint_states", help=argparse.SUPPRESS)
@@ -496,6 +508,16 @@ def main() -> int:
             except Exception as e:  # keep the other scenarios
                 log(f"FAILED timer {rate} Hz: {e}")
                 errors.append(f"timer {rate}: {e}"[:2000])
+    offset_rows = []
+    if args.publish_offset > 0:
+        with ros_harness(log_dir) as ros:
+            try:
+                offset_rows.append(
+                    run_timer(ros, args, svc_rate, args.seconds, False, args.publish_offset)[0]
+                )
+            except Exception as e:
+                log(f"FAILED timer {svc_rate} Hz with publish offset: {e}")
+                errors.append(f"timer {svc_rate} offset: {e}"[:2000])
     with ros_harness(log_dir) as ros:
         try:
             obs = run_observation(ros, args, args.obs_samples)
@@ -519,6 +541,7 @@ def main() -> int:
         "service_rtt_rule": "max of the Checkpoint and Restore p50 (ListCapsules below)",
         "services": svc,
         "rates": rows,
+        "rates_publish_offset": offset_rows,
         "observation": obs,
         "node_diagnostics": {str(int(r["target_hz"])): r["node"] for r in rows},
         "startup_s": {
@@ -548,10 +571,11 @@ def main() -> int:
 
 def print_table(r: dict) -> None:
     print("\n| scenario | result |\n|---|---|")
-    for row in r["rates"]:
+    for row in r["rates"] + r["rates_publish_offset"]:
         n = row["node"]
         print(
-            f"| timer {row['target_hz']:.0f} Hz | achieved {row['achieved_hz']} Hz, "
+            f"| timer {row['target_hz']:.0f} Hz, offset {row['publish_offset_s'] * 1e6:.0f} us "
+            f"| achieved {row['achieved_hz']} Hz, "
             f"client jitter p99 {row['period_jitter_p99_us']} us, "
             f"node jitter p99 {n.get('jitter_p99_us')} us, "
             f"overruns {n.get('overruns_in_window')}, step p50/p99 {n.get('step_p50_us')}/"

@@ -278,7 +278,7 @@ def copy_paths(iters: int) -> dict:
         ways["cuda_python_preconverted"] = lambda: drv.cuMemcpyDtoDAsync(cd, cs, n, st)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            copy_bytes(dst, arena.buf)
+            copy_now(dst, arena.buf)
         ways["torch_graph_replay"] = g.replay
     try:
         lib = ctypes.CDLL("libcuda.so.1")

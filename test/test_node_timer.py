@@ -59,7 +59,9 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
 def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
     """In timer mode the control thread reads joint_states itself: bad messages are counted and
     skipped there too, and the first valid one starts the commands."""
-    proc = ros.start_node({"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3})
+    proc = ros.start_node(
+        {"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3, "publish_offset_s": 0.004}
+    )
     c = NodeClient(ros, proc)
     bad = OBS[0].copy()
     bad[2] = np.nan
@@ -157,6 +159,7 @@ def test_bad_parameters_fail_configure_with_a_clear_message(ros, tmp_path):
         ({"trigger": "sometimes"}, "trigger='sometimes'"),
         ({"joint_names": ["a", "b"]}, "joint_names has 2 joints"),
         ({"policy": "builtin:nope"}, "unknown builtin policy"),
+        ({"rate_hz": 100.0, "publish_offset_s": 0.01}, "below the period"),
     ):
         proc = launch_node(params, log_dir=tmp_path)
         assert proc.proc.wait(timeout=60) == 2

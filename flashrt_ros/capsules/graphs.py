@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import torch
+
 from flashrt_ros.capsules.driver import check, drv, ensure_context, stream
 
 MAX_GRAPHS = 1024  # (sessions + scratch) x slots x kinds stays far below this
@@ -28,6 +30,9 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> None:
     current torch stream of device `index`; the first call for a key captures it."""
     exe = _cache.get(key)
     if exe is None:
+        if torch.cuda.is_current_stream_capturing():  # inside someone's capture: just issue it
+            fn(stream(index))
+            return
         exe = _capture(fn, index)
         with _lock:
             if len(_cache) >= MAX_GRAPHS:

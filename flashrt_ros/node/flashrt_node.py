@@ -203,23 +203,26 @@ class FlashrtNode(LifecycleNode):
         self.get_logger().info(f"goal applied: {np.round(msg.data, 3).tolist()}")
 
     # -- stepping ----------------------------------------------------------------------------------
-    def _timer_tick(self) -> None:
+    def _timer_tick(self, deadline: float) -> None:
         sub = self._js_sub
         while sub is not None and (msg := take(sub)) is not None:  # newest valid one wins
             self._on_joint_states(msg)
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
-        self._step(obs, t)
+        offset = self.cfg.publish_offset_s
+        self._step(obs, t, publish_at=deadline + offset if offset > 0 else None)
 
     def _stale(self) -> None:
         with self.stats.lock:
             self.stats.stale_ticks += 1
             self.stats.stale_s += self._loop.period if self._loop else 0.0
 
-    def _step(self, obs: np.ndarray | None, received: float | None = None) -> None:
+    def _step(
+        self, obs: np.ndarray | None, received: float | None = None, publish_at: float | None = None
+    ) -> None:
         """One tick. In timer mode `received` is when obs arrived: its age is checked after
         the engine lock is taken, so a request that held the lock cannot make us step on
-        stale data."""
+        stale data. With `publish_at` the outputs wait (spinning) for that monotonic time."""
         t0 = time.monotonic()
         with self.engine_lock:
             eng = self.engine
@@ -245,6 +248,9 @@ class FlashrtNode(LifecycleNode):
                 self.get_logger().error(f"step failed: {e}", throttle_duration_sec=2.0)
                 return
         dt = time.monotonic() - t0
+        if publish_at is not None:
+            while time.monotonic() < publish_at:
+                pass
         if self._pub_cmd is not None:
             self._pub_cmd.publish(command_msg(action))
         if chunk is not None:

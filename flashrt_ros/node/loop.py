@@ -17,10 +17,10 @@ class TimerLoop:
     does not shift later ones; ticks missed entirely are counted as overruns and skipped."""
 
     def __init__(
-        self, rate_hz: float, tick: Callable[[], None], on_timing: Callable, on_error: Callable
+        self, rate_hz: float, tick: Callable[[float], None], on_timing: Callable, on_error: Callable
     ):
         self.period = 1.0 / rate_hz
-        self.tick = tick
+        self.tick = tick  # tick(deadline): the monotonic time this tick was due
         self.on_timing = on_timing  # (jitter_s, overruns) after each tick
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self._stop = threading.Event()
@@ -52,7 +52,7 @@ class TimerLoop:
                 pass
             jitter = time.monotonic() - deadline
             try:
-                self.tick()
+                self.tick(deadline)
             except Exception as e:
                 self.on_error(e)
             deadline += self.period

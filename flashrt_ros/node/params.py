@@ -21,6 +21,11 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "joint_names": (DEFAULT_JOINTS, "joints of the observation and the command, in order"),
     "output": ("commands", "commands | joint_trajectory | both"),
     "obs_timeout_s": (0.5, "older observations are stale: no step, no command, the robot holds"),
+    "publish_offset_s": (
+        0.0,
+        "timer mode: publish each command this long after its tick's deadline (0 = as soon as "
+        "computed); set above the step's p99 to trade latency for a steady output phase",
+    ),
     "capsule_slots": (16, "GPU capsule pool slots, each one state arena"),
     "host_capsule_slots": (0, "pinned-host slots that evicted capsules spill to (0 = drop)"),
     "capsule_dir": ("", "folder for persisted capsules, reloaded at configure ('' = none)"),
@@ -40,6 +45,7 @@ class NodeConfig:
     joint_names: list[str]
     output: str
     obs_timeout_s: float
+    publish_offset_s: float
     capsule_slots: int
     host_capsule_slots: int
     capsule_dir: str
@@ -66,6 +72,12 @@ def read(node) -> NodeConfig:
     v["obs_timeout_s"] = float(v["obs_timeout_s"])
     if v["obs_timeout_s"] <= 0:
         raise ValueError("obs_timeout_s must be > 0")
+    v["publish_offset_s"] = float(v["publish_offset_s"])
+    if not 0.0 <= v["publish_offset_s"] < 1.0 / v["rate_hz"]:
+        raise ValueError(
+            f"publish_offset_s={v['publish_offset_s']}: must be >= 0 and below the period "
+            f"1/rate_hz = {1.0 / v['rate_hz']:.6f} s"
+        )
     for k, lo in (("capsule_slots", 1), ("host_capsule_slots", 0), ("max_sessions", 1)):
         if int(v[k]) < lo:
             raise ValueError(f"{k}={v[k]}: must be >= {lo}")

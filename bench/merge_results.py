@@ -2,10 +2,10 @@
 
     python bench/merge_results.py DATE
 
-Reads bench/results/DATE-core.json (bench/run_all.py), DATE-capsule-burst.json (the 1 and
-16 MB capsule rows re-measured with bench.run_all.capsule_bench, burst timing) and DATE-ros.json
-(bench/ros_gpu.sh) and writes latest.json in the schema of DESIGN.md section 8, with a "runs"
-list naming the command and code version behind every part.
+Reads bench/results/DATE-core.json (bench/run_all.py), DATE-ros.json (bench/ros_gpu.sh) and,
+when present, DATE-ros-udp.json (the same with Fast DDS on UDPv4 only), and writes latest.json in
+the schema of DESIGN.md section 8, with a "runs" list naming the command and code version behind
+every part. The "ros" headline is recomputed from the scenario rows by ros_bench.headline.
 """
 
 from __future__ import annotations
@@ -18,44 +18,46 @@ RES = Path(__file__).resolve().parent / "results"
 
 RUNS = [
     {
-        "part": "checks, d2d_GBps, step, variants, capsule (256, 1024 MB), engine_capsule_ops, "
+        "part": "checks, d2d_GBps, copy_paths, step, variants, capsule, engine_capsule_ops, "
         "reprefill",
         "file": "{date}-core.json",
-        "git": "b0ccc38",
+        "git": "5ac00cf",
         "command": "python3 bench/run_all.py --out $OUT",
-    },
-    {
-        "part": "capsule (1, 16 MB)",
-        "file": "{date}-capsule-burst.json",
-        "git": "40ecf9a",
-        "command": "python3 -c 'import bench.run_all as r; r.capsule_bench(4247.4, [1, 16], 300)' "
-        "(after a matmul warm-up, so the clocks are up)",
     },
     {
         "part": "ros",
         "file": "{date}-ros.json",
-        "git": "40ecf9a",
+        "git": "5ac00cf",
         "command": "bash bench/ros_gpu.sh $OUT (carry .whl312: cp312 ROS wheels)",
+    },
+    {
+        "part": "ros_udp (Fast DDS UDPv4 transport, for comparison)",
+        "file": "{date}-ros-udp.json",
+        "git": "5ac00cf",
+        "command": "FASTDDS_BUILTIN_TRANSPORTS=UDPv4 bash bench/ros_gpu.sh $OUT --rates 500 "
+        "--obs-samples 300 --service-calls 40",
     },
 ]
 
 
 def main(date: str) -> int:
+    from bench.ros_bench import headline
+
     core = json.loads((RES / f"{date}-core.json").read_text())
-    burst = json.loads((RES / f"{date}-capsule-burst.json").read_text())
     ros = json.loads((RES / f"{date}-ros.json").read_text())
-    sizes = {r["mb"] for r in burst}
-    capsule = sorted(
-        burst + [r for r in core["capsule"] if r["mb"] not in sizes], key=lambda r: r["mb"]
+    udp_file = RES / f"{date}-ros-udp.json"
+    udp = json.loads(udp_file.read_text()) if udp_file.exists() else None
+    head = headline(
+        ros["rates"], ros.get("rates_publish_offset", []), ros["services"], ros["observation"]
     )
+    ros.update(head)
     out = dict(core)
     out.update(
         git=RUNS[0]["git"],
         command="python3 bench/run_all.py --out bench/results; bash bench/ros_gpu.sh OUT; "
         "python3 bench/merge_results.py DATE",
-        capsule=capsule,
         ros={
-            k: ros[k]
+            k: head[k]
             for k in (
                 "rate_hz",
                 "period_jitter_p99_us",
@@ -64,7 +66,10 @@ def main(date: str) -> int:
             )
         },
         ros_detail=ros,
-        runs=[dict(r, file=r["file"].format(date=date)) for r in RUNS],
+        ros_udp=udp,
+        runs=[
+            dict(r, file=r["file"].format(date=date)) for r in RUNS if udp or "udp" not in r["part"]
+        ],
     )
     (RES / "latest.json").write_text(json.dumps(out, indent=1) + "\n")
     (RES / "latest.md").write_text(markdown(out))
@@ -77,12 +82,22 @@ def markdown(r: dict) -> str:
 
     ros, det = r["ros"], r["ros_detail"]
     lines = [core_md(r).rstrip(), "", "| node on CUDA | value |", "|---|---|"]
-    for row in det["rates"]:
+    rows = [(row, "") for row in det["rates"]]
+    rows += [(row, "") for row in det.get("rates_publish_offset", [])]
+    rows += [(row, ", Fast DDS UDPv4") for row in (r.get("ros_udp") or {}).get("rates", [])]
+    rows += [
+        (row, ", Fast DDS UDPv4")
+        for row in (r.get("ros_udp") or {}).get("rates_publish_offset", [])
+    ]
+    for row, note in rows:
         lines.append(
-            f"| timer {row['target_hz']:.0f} Hz | achieved {row['achieved_hz']} Hz, period "
-            f"jitter p99 {row['period_jitter_p99_us']} us at the client, "
-            f"{row['node']['jitter_p99_us']} us in the node's loop, node step p50 "
-            f"{row['node']['step_p50_us']} us |"
+            f"| timer {row['target_hz']:.0f} Hz, publish_offset_s {row['publish_offset_s']}"
+            f"{note} | achieved {row['achieved_hz']} Hz ({row['node'].get('overruns_in_window')} "
+            f"overruns in {row['seconds']} s); period jitter p99 "
+            f"{row['node_publish'].get('jitter_p99_us')} us at the node's writes, "
+            f"{row['client_dds'].get('jitter_p99_us')} us at the client's reception, "
+            f"{row['node']['jitter_p99_us']} us at the loop's wake-up; node step p50/p99 "
+            f"{row['node']['step_p50_us']}/{row['node']['step_p99_us']} us |"
         )
     s = det["services"]
     lines += [

@@ -198,3 +198,23 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
     with pytest.raises(ValueError, match="fingerprint"):
         other.load_capsule(path)
     assert other.capsules() == []
+
+
+def test_checksum_fills_the_given_buffer_and_sees_one_flipped_bit():
+    import torch
+
+    from flashrt_ros.capsules.checksum import device_checksum, reference_digest, to_hex
+
+    buf = torch.randint(0, 256, (4096 + 12,), dtype=torch.uint8, generator=torch.Generator())
+    out = torch.zeros(2, dtype=torch.int64)
+    got = device_checksum(buf, out=out)
+    assert got is out and torch.equal(out, reference_digest(buf))
+    before = to_hex(out)
+    buf[777] ^= 4
+    assert to_hex(device_checksum(buf)) != before
+    buf[777] ^= 4
+    swapped = buf.clone()
+    swapped[:4], swapped[4:8] = buf[4:8].clone(), buf[:4].clone()  # same words, moved
+    assert to_hex(device_checksum(buf)) == before != to_hex(device_checksum(swapped))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        device_checksum(buf[:7])

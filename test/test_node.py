@@ -50,6 +50,11 @@ def test_checkpoint_restore_gives_identical_commands(fresh):
     r = fresh.call("restore", capsule="before_move", verify=True)
     assert r.success and r.step == 20, r.message
     assert np.array_equal(fresh.run(OBS[20:70]), first)
+    # what happened is in the node's log (written after the replies, by the log thread)
+    want = [f"checkpoint: capsule {cp.capsule.id} of 'main' at step 20", "restore: restored"]
+    assert fresh.ros.spin_until(lambda: all(w in fresh.proc.log_tail() for w in want), 5.0), (
+        fresh.proc.log_tail()
+    )
 
 
 def test_branch_rollout_equals_live_continuation_and_scratch_leaves_live_alone(fresh):
@@ -194,6 +199,7 @@ def test_bad_requests_answer_cleanly_and_change_nothing(fresh, service, fields, 
     before = fresh.call("list_capsules")
     resp = fresh.call(service, **fields)
     assert not resp.success and needle in resp.message, resp.message
+    assert fresh.ros.spin_until(lambda: resp.message in fresh.proc.log_tail(), 5.0)  # warned
     after = fresh.call("list_capsules")
     assert [c.id for c in after.capsules] == [c.id for c in before.capsules]
     assert after.sessions == before.sessions and after.live_session == before.live_session

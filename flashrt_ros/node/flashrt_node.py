@@ -165,6 +165,7 @@ class FlashrtNode(LifecycleNode):
             self.engine = None
         if fused:  # drop compiled code that holds the old policy's weights
             torch._dynamo.reset()
+        gc.unfreeze()  # what configure froze may be garbage now
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

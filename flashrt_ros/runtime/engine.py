@@ -108,7 +108,9 @@ class Engine:
         self._scratch: torch.Tensor | None = None
         self._persisted: set[str] = set()  # ids whose file in capsule_dir this engine owns
         self.capsule_dir = Path(capsule_dir) if capsule_dir else None
-        self.create_session("main")
+        main = self.create_session("main")
+        if on_cuda:  # build the checksum kernel now, not during the first checkpoint request
+            device_checksum(main.arena.buf)
         if self.capsule_dir is not None:
             self._load_capsule_dir()
 

@@ -78,6 +78,29 @@ def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
     assert c.commands and np.isfinite(c.commands[-1]).all()
 
 
+def test_timer_mode_never_steps_on_an_observation_from_before_activation(ros):
+    """joint_states queued while the node was inactive is old news at activation."""
+    proc = ros.start_node(
+        {"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3, "autostart": False},
+        wait_services=("change_state", "list_capsules"),
+    )
+    change = ros.client(ChangeState, proc.service("change_state"))
+
+    def transition(tid: int) -> bool:
+        return ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
+
+    c = NodeClient.__new__(NodeClient)  # the subscriptions exist only once configured
+    assert transition(Transition.TRANSITION_CONFIGURE)
+    c.__init__(ros, proc)
+    c.publish(OBS[0])
+    ros.spin_for(0.6)  # older than obs_timeout_s by the time the loop runs
+    assert transition(Transition.TRANSITION_ACTIVATE)
+    ros.spin_for(0.5)
+    assert c.commands == []
+    stream(c, 0.5, 50.0)  # fresh observations: commands
+    assert c.commands
+
+
 def test_services_while_the_timer_loop_steps(ros):
     """Requests interleave with the control thread: every call succeeds, commands keep flowing,
     a restore lands between two steps."""

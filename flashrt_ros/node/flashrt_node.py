@@ -123,6 +123,9 @@ class FlashrtNode(LifecycleNode):
     def on_activate(self, state) -> TransitionCallbackReturn:
         with self._obs_lock:
             self._latest_obs = None  # never act on an observation from before activation
+        if self.cfg.trigger == "timer" and self._js_sub is not None:
+            while take(self._js_sub) is not None:  # nor on one queued while inactive
+                pass
         self.active = True
         if self.cfg.trigger == "timer":
             self._loop = TimerLoop(
@@ -176,7 +179,7 @@ class FlashrtNode(LifecycleNode):
             self.stats.last_refusal = why
         self.get_logger().warning(f"refused input: {why}", throttle_duration_sec=2.0)
 
-    def _on_joint_states(self, msg: JointState) -> None:
+    def _on_joint_states(self, msg: JointState, age: float = 0.0) -> None:
         if self.mapper is None:
             return
         try:
@@ -189,7 +192,7 @@ class FlashrtNode(LifecycleNode):
                 self._step(obs)
             return
         with self._obs_lock:
-            self._latest_obs, self._latest_t = obs, time.monotonic()
+            self._latest_obs, self._latest_t = obs, time.monotonic() - age
 
     def _on_goal(self, msg: Float64MultiArray) -> None:
         with self.engine_lock:
@@ -206,8 +209,8 @@ class FlashrtNode(LifecycleNode):
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:
         sub = self._js_sub
-        while sub is not None and (msg := take(sub)) is not None:  # newest valid one wins
-            self._on_joint_states(msg)
+        while sub is not None and (got := take(sub)) is not None:  # newest valid one wins
+            self._on_joint_states(got[0], age=got[1])
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
         offset = self.cfg.publish_offset_s

@@ -10,6 +10,8 @@ one period old, which is what `obs_timeout_s` is checked against.
 
 from __future__ import annotations
 
+import time
+
 from rclpy.callback_groups import CallbackGroup
 
 
@@ -27,8 +29,15 @@ class PolledGroup(CallbackGroup):
         pass
 
 
-def take(sub):
-    """The next queued message of a subscription, or None; never blocks."""
+def take(sub) -> tuple[object, float] | None:
+    """(message, age in seconds) of the next queued message of a subscription, or None; never
+    blocks. The age comes from the middleware's reception stamp, so a message that waited in
+    the queue (while the node was inactive, or behind a long request) is seen as old."""
     with sub.handle:
         got = sub.handle.take_message(sub.msg_type, sub.raw)
-    return None if got is None else got[0]
+    if got is None:
+        return None
+    msg, info = got
+    rx = info.get("received_timestamp", 0) if isinstance(info, dict) else 0
+    age = max(0.0, (time.time_ns() - rx) * 1e-9) if rx else 0.0
+    return msg, age

@@ -43,11 +43,12 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         raise ValueError(f"copy of {src.numel()} bytes into {n}")
     if not (dst.is_cuda and src.is_cuda):
         dst.copy_(src, non_blocking=True)
-    elif n <= GRAPH_MAX_BYTES and _driver_ok:
+        return
+    if n <= GRAPH_MAX_BYTES and _driver_ok:
         d, s = dst.data_ptr(), src.data_ptr()
-        graphs.run(("copy", d, s, n), lambda h: _memcpy(d, s, n, h), dst.get_device())
-    else:
-        copy_now(dst, src)
+        if graphs.run(("copy", d, s, n), lambda h: _memcpy(d, s, n, h), dst.get_device()):
+            return
+    copy_now(dst, src)
 
 
 def _memcpy(d: int, s: int, n: int, h) -> None:

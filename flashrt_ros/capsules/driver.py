@@ -2,8 +2,8 @@
 
 Handles (device pointers, streams) are converted to the binding's types once and cached: the
 conversion costs about a microsecond per call, a sixth of a 1 MB copy's host cost. The driver
-needs a current context in each calling thread (rclpy's executor thread included); torch's is
-the device's primary context, made current here once per thread.
+needs the device's context current in the calling thread (rclpy's executor thread included);
+torch uses the device's primary context, which is made current here when it is not.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ except Exception:  # pragma: no cover - depends on the machine
 
 _ptrs: dict[int, object] = {}
 _streams: dict[int, object] = {}
-_tls = threading.local()
+_ctxs: dict[int, object] = {}  # device index -> its primary context (retained once)
+_lock = threading.Lock()
 
 
 def check(res, what: str):
@@ -31,11 +32,17 @@ def check(res, what: str):
 
 
 def ensure_context(index: int) -> None:
-    if getattr(_tls, "ctx", None) is None:
-        dev = check(drv.cuDeviceGet(index), "cuDeviceGet")
-        ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    """Make device `index`'s primary context current in this thread (torch's device guards may
+    have left another device's, or none, current)."""
+    ctx = _ctxs.get(index)
+    if ctx is None:
+        with _lock:
+            if index not in _ctxs:
+                dev = check(drv.cuDeviceGet(index), "cuDeviceGet")
+                _ctxs[index] = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            ctx = _ctxs[index]
+    if int(check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(ctx):
         check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        _tls.ctx = ctx
 
 
 def ptr(addr: int):

@@ -11,34 +11,62 @@ does: a cached graph is right for any later buffer at the same address.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 
 from flashrt_ros.capsules.driver import check, drv, ensure_context, stream
 
-MAX_GRAPHS = 1024  # (sessions + scratch) x slots x kinds stays far below this
+MAX_GRAPHS = 4096  # (sessions + scratch) x slots x kinds; beyond it the oldest is destroyed
 
-_cache: dict[tuple, object] = {}  # key -> CUgraphExec
+log = logging.getLogger(__name__)
+_cache: OrderedDict[tuple, object] = OrderedDict()  # key -> CUgraphExec, least recent first
 _capture_streams: dict[tuple[int, int], object] = {}
 _lock = threading.Lock()
+_ok = drv is not None
 
 
-def run(key: tuple, fn: Callable[[object], None], index: int) -> None:
+def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
     """Launch the graph of `fn(stream)` (driver calls on that stream, no allocation) on the
-    current torch stream of device `index`; the first call for a key captures it."""
+    current torch stream of device `index`; the first call for a key captures it. Returns
+    False, having done nothing, where graphs are unavailable: the caller issues the work
+    itself. Inside a foreign capture `fn` is issued directly on the capturing stream."""
+    if not _ok:
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        fn(stream(index))
+        return True
+    key = (index, *key)
     exe = _cache.get(key)
     if exe is None:
-        if torch.cuda.is_current_stream_capturing():  # inside someone's capture: just issue it
-            fn(stream(index))
-            return
-        exe = _capture(fn, index)
+        try:
+            exe = _capture(fn, index)
+        except Exception as e:  # a driver or binding problem: say so once, stop using graphs
+            _disable(e)
+            return False
         with _lock:
-            if len(_cache) >= MAX_GRAPHS:
-                _cache.clear()
             _cache[key] = exe
+            if len(_cache) > MAX_GRAPHS:
+                _evict_oldest(index)
+    else:
+        _cache.move_to_end(key)
     check(drv.cuGraphLaunch(exe, stream(index)), "cuGraphLaunch")
+    return True
+
+
+def _disable(e: Exception) -> None:
+    global _ok
+    log.warning("capsule graphs unavailable (%s); issuing copies directly", e)
+    _ok = False
+
+
+def _evict_oldest(index: int) -> None:
+    _, exe = _cache.popitem(last=False)
+    torch.cuda.current_stream(index).synchronize()  # it may still be queued
+    check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
 
 
 def _capture(fn: Callable[[object], None], index: int):
@@ -54,9 +82,10 @@ def _capture(fn: Callable[[object], None], index: int):
         fn(s)
     finally:
         graph = check(drv.cuStreamEndCapture(s), "cuStreamEndCapture")
-    exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
-    return exe
+    try:
+        return check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    finally:
+        check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
 
 
 def cached() -> int:

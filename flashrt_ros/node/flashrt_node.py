@@ -26,7 +26,7 @@ from trajectory_msgs.msg import JointTrajectory
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.joints import JointMapper
-from flashrt_ros.node.loop import TimerLoop
+from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import SCRATCH, CapsuleServices
 from flashrt_ros.node.stats import LoopStats
@@ -252,7 +252,10 @@ class FlashrtNode(LifecycleNode):
                 self.get_logger().error(f"step failed: {e}", throttle_duration_sec=2.0)
                 return
         dt = time.monotonic() - t0
-        if publish_at is not None:
+        if publish_at is not None:  # sleep (the GIL free for the executor), spin the last bit
+            early = publish_at - SPIN_S - time.monotonic()
+            if early > 0:
+                time.sleep(early)
             while time.monotonic() < publish_at:
                 pass
         if self._pub_cmd is not None:

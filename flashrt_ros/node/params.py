@@ -73,7 +73,8 @@ def read(node) -> NodeConfig:
     if v["obs_timeout_s"] <= 0:
         raise ValueError("obs_timeout_s must be > 0")
     v["publish_offset_s"] = float(v["publish_offset_s"])
-    if not 0.0 <= v["publish_offset_s"] < 1.0 / v["rate_hz"]:
+    period = 1.0 / v["rate_hz"] if v["trigger"] == "timer" else float("inf")
+    if not 0.0 <= v["publish_offset_s"] < period:
         raise ValueError(
             f"publish_offset_s={v['publish_offset_s']}: must be >= 0 and below the period "
             f"1/rate_hz = {1.0 / v['rate_hz']:.6f} s"

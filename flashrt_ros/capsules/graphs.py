@@ -49,7 +49,7 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
             return False
         with _lock:
             _cache[key] = exe
-            if len(_cache) > MAX_GRAPHS:
+            while len(_cache) > MAX_GRAPHS:
                 _evict_oldest(index)
     else:
         _cache.move_to_end(key)

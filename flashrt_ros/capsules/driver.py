@@ -21,6 +21,7 @@ _ptrs: dict[int, object] = {}
 _streams: dict[int, object] = {}
 _ctxs: dict[int, object] = {}  # device index -> its primary context (retained once)
 _lock = threading.Lock()
+_tls = threading.local()
 
 
 def check(res, what: str):
@@ -34,6 +35,8 @@ def check(res, what: str):
 def ensure_context(index: int) -> None:
     """Make device `index`'s primary context current in this thread (torch's device guards may
     have left another device's, or none, current)."""
+    if _single_gpu() and getattr(_tls, "ready", False):
+        return  # one device, one primary context: once current in a thread, it stays
     ctx = _ctxs.get(index)
     if ctx is None:
         with _lock:
@@ -43,6 +46,16 @@ def ensure_context(index: int) -> None:
             ctx = _ctxs[index]
     if int(check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(ctx):
         check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _tls.ready = True
+
+
+_gpus: list[int] = []
+
+
+def _single_gpu() -> bool:
+    if not _gpus:
+        _gpus.append(torch.cuda.device_count())
+    return _gpus[0] == 1
 
 
 def ptr(addr: int):

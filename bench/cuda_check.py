@@ -90,10 +90,28 @@ def main() -> int:
     r["eviction_keeps_results_exact"] = all(ev)
     r["eviction_bounds_the_cache"] = graphs.cached() <= 8
     graphs.MAX_GRAPHS = old
-    # 1 MB capsule copy issue cost again (bursts of 16)
-    src = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    r["copy_1MB_p50_us"] = p(burst_timed(lambda: copy_bytes(dst, src), 200), 50)
+    # the 1 MB row of run_all.capsule_row again, at this commit: copy vs per-tensor clone
+    from bench.run_all import MB
+    from flashrt_ros.runtime.arena import Arena
+    from flashrt_ros.runtime.session import engine_entries
+
+    kv = max(16, MB // (2 * 4 * 256 * 4))
+    pol = load_policy("builtin:hybrid", d_model=256, n_layers=4, n_heads=8, kv_len=kv)
+    arena = Arena(pol.state_spec() + engine_entries(pol), torch.device("cuda"))
+    arena.buf.random_()
+    slot = torch.empty_like(arena.buf)
+    views = list(arena.views.values())
+    snap = p(burst_timed(lambda: copy_bytes(slot, arena.buf), 200), 50)
+    rest = p(burst_timed(lambda: copy_bytes(arena.buf, slot), 200), 50)
+    clone = p(burst_timed(lambda: [v.clone() for v in views], 200), 50)
+    r["capsule_1MB"] = {
+        "bytes": arena.nbytes,
+        "snapshot_p50_us": snap,
+        "restore_p50_us": rest,
+        "clone_p50_us": clone,
+        "clone_over_snapshot": round(clone / snap, 1),
+        "clone_over_restore": round(clone / rest, 1),
+    }
     r["graphs_enabled"] = graphs._ok
     r["all_ok"] = all(v for k, v in r.items() if isinstance(v, bool))
     (out / "cuda_check.json").write_text(json.dumps(r, indent=1) + "\n")

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import burst_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
-from flashrt_ros.capsules import graphs  # noqa: E402
 from flashrt_ros.capsules.checksum import device_checksum, reference_digest  # noqa: E402
-from flashrt_ros.capsules.copy import copy_bytes  # noqa: E402
+from flashrt_ros.cuda import graphs  # noqa: E402
+from flashrt_ros.cuda.copy import copy_bytes  # noqa: E402
 
 
 def main() -> int:

@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timing import burst_timed, event_timed, host_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 from flashrt_ros.capsules.checksum import device_checksum, reference_digest  # noqa: E402
-from flashrt_ros.capsules.copy import copy_bytes, copy_now, driver_copies  # noqa: E402
-from flashrt_ros.capsules.driver import drv  # noqa: E402
-from flashrt_ros.capsules.kernels import compiled as checksum_kernel  # noqa: E402
+from flashrt_ros.cuda.copy import copy_bytes, copy_now, driver_copies  # noqa: E402
+from flashrt_ros.cuda.driver import drv  # noqa: E402
+from flashrt_ros.cuda.kernels import compiled as checksum_kernel  # noqa: E402
 from flashrt_ros.runtime.arena import Arena  # noqa: E402
 from flashrt_ros.runtime.graph import StepPlan  # noqa: E402
+from flashrt_ros.runtime.recipes import restore_regions  # noqa: E402
 from flashrt_ros.runtime.session import engine_entries  # noqa: E402
 
 MB = 1 << 20
@@ -106,7 +107,7 @@ def checks() -> dict:
     g.branch("cuda_cap", "alt")
     third = np.array([g.step(o, session="alt") for o in obs[:200]])
     res["branch_continuation_bitwise"] = bool(np.array_equal(first, third))
-    g.restore_regions("cuda_cap", "main", ("kv",))  # paper ablation: main is 200 steps on
+    restore_regions(g, "cuda_cap", "main", ("kv",))  # paper ablation: main is 200 steps on
     res["kv_only_diverges"] = not np.array_equal(first, np.array([g.step(o) for o in obs[:200]]))
     res["cuda_python_copies"] = driver_copies()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flashrt_ros.runtime.recipes import restore_regions, rollback
 from test.engine_util import make_engine, observations
 
 OBS = observations(500, seed=11)
@@ -41,13 +42,13 @@ def test_restore_by_name_and_rollback():
     run(eng, OBS[100:120])
     newest = eng.checkpoint()
     expect = run(eng, OBS[120:150])
-    assert eng.rollback().id == newest.id
+    assert rollback(eng).id == newest.id
     assert np.array_equal(run(eng, OBS[120:150]), expect)
     eng.restore("older")
     assert eng.session_step() == 100
     eng.create_session("alt")
     with pytest.raises(ValueError, match="no capsule"):
-        eng.rollback("alt")
+        rollback(eng, "alt")
 
 
 def test_branch_continues_like_the_live_session_and_never_disturbs_it():
@@ -100,7 +101,7 @@ def test_ablation_kv_only_restore_diverges_full_restore_does_not():
     eng = warmed()
     cap = eng.checkpoint()
     reference = run(eng, OBS[100:200])
-    eng.restore_regions(cap.id, "main", ("kv",))
+    restore_regions(eng, cap.id, "main", ("kv",))
     kv_only = run(eng, OBS[100:200])
     assert not np.array_equal(kv_only, reference)
     assert np.abs(kv_only - reference).max() > 1e-4

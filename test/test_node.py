@@ -126,7 +126,7 @@ def test_bad_observations_are_refused_counted_and_never_stepped(fresh):
     # extra joints in any order are fine: this one is stepped
     names = ["gripper"] + JOINTS[::-1]
     obs_rev = np.r_[0.0, good[:6][::-1]], np.r_[0.0, good[6:][::-1]]
-    from flashrt_ros.node.joints import JointMapper
+    from flashrt_ros.obs.joints import JointMapper
 
     mapped = JointMapper(JOINTS).observation(names, obs_rev[0], obs_rev[1])
     assert np.array_equal(mapped, good)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flashrt_ros.capsules import graphs, kernels
+from flashrt_ros.cuda import graphs, kernels
 
 _MASK32 = 0xFFFFFFFF
 _CHUNK_WORDS = 1 << 24  # bound the temporaries for GiB-sized arenas

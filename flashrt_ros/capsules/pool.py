@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
-from flashrt_ros.capsules.copy import copy_bytes
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
+from flashrt_ros.cuda.copy import copy_bytes
 
 
 @dataclass

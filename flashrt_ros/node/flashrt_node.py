@@ -25,11 +25,11 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
-from flashrt_ros.node.joints import JointMapper
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import SCRATCH, CapsuleServices
 from flashrt_ros.node.stats import LoopStats
+from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
 

@@ -31,6 +31,11 @@ PARAMETERS: dict[str, tuple[object, str]] = {
     "capsule_dir": ("", "folder for persisted capsules, reloaded at configure ('' = none)"),
     "max_sessions": (4, "sessions that may exist at once (branches included)"),
     "seed": (0, "seed of the policy's noise state"),
+    "obs_limit": (
+        1000.0,
+        "observations with any |value| above this are refused (a sanity bound, not joint limits)",
+    ),
+    "max_rollout_steps": (10000, "the longest ~/rollout request accepted"),
     "autostart": (True, "configure and activate at start"),
 }
 
@@ -51,6 +56,8 @@ class NodeConfig:
     capsule_dir: str
     max_sessions: int
     seed: int
+    obs_limit: float
+    max_rollout_steps: int
     autostart: bool
 
 

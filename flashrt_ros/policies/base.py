@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
-from flashrt_ros.runtime.arena import StateEntry
+ROLES = ("kv", "recurrent", "conv", "queue", "noise", "goal", "counter", "meta", "user")
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One named region of the arena. `role` says what kind of state it is (ablations use it)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    role: str = "user"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n * torch.empty((), dtype=self.dtype).element_size()
 
 
 class Policy(torch.nn.Module):

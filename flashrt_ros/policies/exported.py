@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from flashrt_ros.policies.base import Policy
-from flashrt_ros.runtime.arena import StateEntry
+from flashrt_ros.policies.base import Policy, StateEntry
 
 
 class ExportedPolicy(Policy):

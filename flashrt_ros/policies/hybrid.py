@@ -16,9 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flashrt_ros.policies.base import Policy
+from flashrt_ros.policies.base import Policy, StateEntry
 from flashrt_ros.policies.rng import hashed_normal
-from flashrt_ros.runtime.arena import StateEntry
 
 
 @dataclass(frozen=True)

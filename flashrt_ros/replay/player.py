@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from flashrt_ros.node.joints import JointMapper
+from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.replay.bags import InputEvent
 
 

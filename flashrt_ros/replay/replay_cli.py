@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from flashrt_ros.node.joints import JointMapper
+from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.replay import bags
 from flashrt_ros.replay.player import EngineDriver, play
 

@@ -12,26 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from flashrt_ros.policies.base import ROLES, StateEntry
+
 ALIGN = 256  # bytes; matches the CUDA allocator's alignment so every view is vector-aligned
-
-ROLES = ("kv", "recurrent", "conv", "queue", "noise", "goal", "counter", "meta", "user")
-
-
-@dataclass(frozen=True)
-class StateEntry:
-    """One named region of the arena. `role` says what kind of state it is (ablations use it)."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    role: str = "user"
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= int(s)
-        return n * torch.empty((), dtype=self.dtype).element_size()
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
-from flashrt_ros.capsules.copy import copy_bytes, copy_io
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name, check_session_name
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
+from flashrt_ros.capsules.store import CapsuleStore
+from flashrt_ros.cuda.copy import copy_bytes, copy_io
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.session import Session, engine_entries
@@ -106,13 +106,17 @@ class Engine:
         self.pool = CapsulePool(self.state_nbytes, self.device, capsule_slots, host_capsule_slots)
         self._sessions: dict[str, Session] = {}
         self._scratch: torch.Tensor | None = None
-        self._persisted: set[str] = set()  # ids whose file in capsule_dir this engine owns
-        self.capsule_dir = Path(capsule_dir) if capsule_dir else None
+        self.store = CapsuleStore(
+            capsule_dir,
+            fingerprint=self.fingerprint,
+            layout=self.layout,
+            nbytes=self.state_nbytes,
+            policy_id=policy.policy_id,
+        )
         main = self.create_session("main")
         if on_cuda:  # build the checksum kernel now, not during the first checkpoint request
             device_checksum(main.arena.buf)
-        if self.capsule_dir is not None:
-            self._load_capsule_dir()
+        self.store.reload(self.load_capsule)
 
     # -- sessions ----------------------------------------------------------------------------------
     @property
@@ -256,23 +260,24 @@ class Engine:
         cid, path, stamp = None, None, None
         if persist:
             # the file is written first: a failed write leaves the pool exactly as it was
-            if self.capsule_dir is None:
-                raise ValueError("persist needs capsule_dir to be set")
+            self.store.require_folder()
             if name:
                 check_capsule_name(name)
                 self.pool.check_name_free(name)
             cid, stamp = self._fresh_id(), time.time()
-            path = self.capsule_dir / f"{name or cid}{diskfmt.SUFFIX}"
-            header = self._header(
-                cid,
-                name,
-                s.name,
-                s.parent_id,
-                s.steps,
-                stamp,
-                to_hex(device_checksum(s.arena.buf)),
+            info = CapsuleInfo(
+                id=cid,
+                name=name,
+                session=s.name,
+                parent_id=s.parent_id,
+                step=s.steps,
+                nbytes=self.state_nbytes,
+                tier="disk",
+                checksum=to_hex(device_checksum(s.arena.buf)),
+                pinned=pin,
+                stamp=stamp,
             )
-            self._write_file(path, header, s.arena.buf.cpu().numpy().tobytes())
+            path = self.store.persist(info, s.arena.buf)
         try:
             cap = self.pool.put(
                 s.arena.buf,
@@ -286,10 +291,8 @@ class Engine:
             )
         except (ValueError, RuntimeError):
             if path is not None:
-                path.unlink(missing_ok=True)
+                self.store.discard(path)
             raise
-        if persist:
-            self._persisted.add(cap.info.id)
         if self.pool.evicted:
             log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
             self.pool.evicted.clear()
@@ -323,25 +326,6 @@ class Engine:
             copy_bytes(b.arena.buf, a.arena.buf)
             b.steps, b.parent_id = a.steps, a.parent_id
 
-    def rollback(self, session: str = "main", verify: bool = True) -> CapsuleInfo:
-        """Restore the newest capsule taken from `session`."""
-        self.session(session)
-        mine = [c for c in self.pool.caps.values() if c.info.session == session]
-        if not mine:
-            raise ValueError(f"session {session!r} has no capsule to roll back to")
-        newest = max(mine, key=lambda c: (c.info.stamp, c.info.step))
-        return self.restore(newest.info.id, session, verify)
-
-    def restore_regions(self, capsule: str, session: str, roles: tuple[str, ...]) -> None:
-        """Restore only the regions of the given roles (the paper's KV-only ablation)."""
-        s = self.session(session)
-        cap = self.pool.get(capsule)
-        src = self.pool.source(cap)
-        for row in self.layout:
-            if row["role"] in roles:
-                a, b = row["offset"], row["offset"] + row["nbytes"]
-                s.arena.buf[a:b].copy_(src[a:b])
-
     def capsules(self) -> list[CapsuleInfo]:
         return self.pool.infos()
 
@@ -352,13 +336,7 @@ class Engine:
         """Drop a capsule; a persisted one loses its file in capsule_dir too (first, so a
         failing unlink leaves everything in place)."""
         cap = self.pool.get(capsule)
-        if cap.info.id in self._persisted:
-            f = self.capsule_dir / f"{cap.info.name or cap.info.id}{diskfmt.SUFFIX}"
-            try:
-                f.unlink(missing_ok=True)
-            except OSError as e:
-                raise ValueError(f"cannot remove {f}: {e.strerror}") from None
-            self._persisted.discard(cap.info.id)
+        self.store.remove(cap.info.id)
         return self.pool.drop(cap.info.id)
 
     def pin(self, capsule: str, pinned: bool = True) -> CapsuleInfo:
@@ -386,60 +364,18 @@ class Engine:
     def save_capsule(self, capsule: str, path: str | Path) -> Path:
         """Write a capsule to a file (atomic); returns the path."""
         cap = self.pool.get(capsule)
-        return self._write(cap, Path(path))
-
-    def _write(self, cap: Capsule, path: Path) -> Path:
-        i = self.pool.info(cap)
-        header = self._header(i.id, i.name, i.session, i.parent_id, i.step, i.stamp, i.checksum)
-        return self._write_file(path, header, self.pool.source(cap).cpu().numpy().tobytes())
-
-    def _header(self, cid, name, session, parent_id, step, stamp, checksum) -> dict:
-        return {
-            "fingerprint": self.fingerprint,
-            "layout": self.layout,
-            "nbytes": self.state_nbytes,
-            "checksum": checksum,
-            "id": cid,
-            "name": name,
-            "session": session,
-            "parent_id": parent_id,
-            "step": int(step),
-            "stamp": float(stamp),
-            "policy": self.policy.policy_id,
-        }
-
-    @staticmethod
-    def _write_file(path: Path, header: dict, payload: bytes) -> Path:
-        if not path.parent.is_dir():
-            raise ValueError(f"folder {path.parent} does not exist")
-        try:
-            return diskfmt.write_capsule_file(path, header, payload)
-        except OSError as e:  # disk full, read-only, permissions: the caller's input problem
-            raise ValueError(f"cannot write {path}: {e.strerror}") from None
+        return self.store.write(Path(path), self.pool.info(cap), self.pool.source(cap))
 
     def _fresh_id(self) -> str:
         """An id free in the pool and, for persisted capsules, in capsule_dir."""
         while True:
             cid = self.pool.new_id()
-            if (
-                self.capsule_dir is None
-                or not (self.capsule_dir / f"{cid}{diskfmt.SUFFIX}").exists()
-            ):
+            if not self.store.id_taken(cid):
                 return cid
 
     def load_capsule(self, path: str | Path, name: str | None = None) -> CapsuleInfo:
         """Read a capsule file into the pool after checking every field against this engine."""
-        header, payload = diskfmt.read_capsule_file(path)
-        if header["fingerprint"] != self.fingerprint:
-            raise ValueError(
-                f"{path}: capsule fingerprint {header['fingerprint']} does not match this "
-                f"engine's {self.fingerprint} (other policy, weights, layout or device)"
-            )
-        if header["nbytes"] != self.state_nbytes or header["layout"] != self.layout:
-            raise ValueError(f"{path}: state layout differs from this engine's")
-        host = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        if to_hex(device_checksum(host)) != header["checksum"]:
-            raise ValueError(f"{path}: state bytes do not match the recorded checksum")
+        header, host = self.store.read(path)
         label = header["name"] if name is None else name
         if label:
             check_capsule_name(label)
@@ -453,15 +389,3 @@ class Engine:
             stamp=header["stamp"],
         )
         return self.pool.info(cap)
-
-    def _load_capsule_dir(self) -> None:
-        d = self.capsule_dir
-        if not d.is_dir():
-            raise ValueError(f"capsule_dir {d} is not a folder")
-        for f in sorted(d.glob(f"*{diskfmt.SUFFIX}")):
-            try:
-                info = self.load_capsule(f)
-                self._persisted.add(info.id)
-                log.info("reloaded capsule %s (%s) from %s", info.id, info.name, f)
-            except (ValueError, RuntimeError) as e:
-                log.warning("skipping capsule file %s: %s", f, e)

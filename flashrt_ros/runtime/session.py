@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from flashrt_ros.capsules.copy import copy_io
-from flashrt_ros.policies.base import Policy
-from flashrt_ros.runtime.arena import Arena, StateEntry
+from flashrt_ros.cuda.copy import copy_io
+from flashrt_ros.policies.base import Policy, StateEntry
+from flashrt_ros.runtime.arena import Arena
 from flashrt_ros.runtime.graph import StepPlan
 
 

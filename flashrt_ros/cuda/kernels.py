@@ -1,11 +1,12 @@
-"""The capsule checksum as one CUDA kernel, compiled at run time by NVRTC and launched through
-the driver (cuda-python).
+"""A 128-bit digest of a byte buffer as one CUDA kernel, compiled at run time by NVRTC and
+launched through the driver (cuda-python).
 
 Why not torch: the same digest in torch is a dozen elementwise kernels with state-sized int64
 temporaries (about 250 us for a 1 MB state on an H200, nearly all launch and allocation cost,
 and 23 ms for 1 GB). This kernel reads every word once and keeps nothing but two registers per
 thread: one launch plus a 16-byte memset. It computes exactly checksum.reference_digest (integer
-sums, order independent), so digests made here, on the CPU and in files all agree. Where NVRTC
+sums, order independent) for the lane constants the caller passes, so digests made here, on the
+CPU and in files all agree. Where NVRTC
 or the driver API is missing, `available()` is False and callers use the torch version.
 """
 
@@ -17,9 +18,9 @@ import threading
 
 import torch
 
-from flashrt_ros.capsules.driver import check as _check
-from flashrt_ros.capsules.driver import drv as _drv
-from flashrt_ros.capsules.driver import ensure_context, ptr, stream
+from flashrt_ros.cuda.driver import check as _check
+from flashrt_ros.cuda.driver import drv as _drv
+from flashrt_ros.cuda.driver import ensure_context, ptr, stream
 
 try:  # optional: CI and CPU-only machines have no NVRTC
     from cuda.bindings import nvrtc as _nvrtc

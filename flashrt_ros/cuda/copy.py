@@ -1,7 +1,7 @@
-"""Raw asynchronous copies: capsule bytes device to device, step IO host to device and back.
+"""Raw asynchronous copies: bytes device to device, and host to device and back.
 
 On CUDA a copy is one memcpy issued to the driver (cuMemcpy*Async through cuda-python), which
-skips torch's dispatcher, dtype and shape checks; capsule copies are then replayed from a
+skips torch's dispatcher, dtype and shape checks; device copies are then replayed from a
 captured one-node graph (graphs.py), the cheapest way to issue a memcpy. Everything else, and
 any platform without cuda-python, uses Tensor.copy_.
 """
@@ -12,11 +12,11 @@ import logging
 
 import torch
 
-from flashrt_ros.capsules import graphs
-from flashrt_ros.capsules.driver import check as _drv_check
-from flashrt_ros.capsules.driver import drv as _drv
-from flashrt_ros.capsules.driver import ptr as _ptr
-from flashrt_ros.capsules.driver import stream as _stream
+from flashrt_ros.cuda import graphs
+from flashrt_ros.cuda.driver import check as _drv_check
+from flashrt_ros.cuda.driver import drv as _drv
+from flashrt_ros.cuda.driver import ptr as _ptr
+from flashrt_ros.cuda.driver import stream as _stream
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def _fail(e) -> None:
     _driver_ok = False
 
 
-# Up to this size a capsule copy is a replayed one-node graph (cheapest to issue). The graph's
+# Up to this size a device copy is a replayed one-node graph (cheapest to issue). The graph's
 # memcpy node runs at ~2.6 TB/s on the H200 against ~4.2 TB/s for a directly issued copy, so
 # larger copies, where bandwidth and not issue cost decides, are issued directly.
 GRAPH_MAX_BYTES = 8 << 20

@@ -1,11 +1,12 @@
-"""Capsule operations as tiny CUDA graphs, captured once per key and replayed ever after.
+"""Small fixed operations (copies, a checksum) as tiny CUDA graphs, captured once per key and
+replayed ever after.
 
 Issuing cuMemcpyDtoDAsync directly costs ~8-12 us of host time on the H200 machine (the driver
 inspects both pointers on every call); launching an instantiated graph that holds the same
 memcpy node costs a third of that (bench/run_all.py copy_paths). The graphs are built and
 launched with the driver API (cuda-python), not torch.cuda.CUDAGraph, whose replay also
-refreshes its RNG seeds with two extra kernels on every call. A capsule copy or checksum is a
-pure function of its buffers' addresses and sizes, so the key names exactly what the graph
+refreshes its RNG seeds with two extra kernels on every call. A copy or a checksum is a pure
+function of its buffers' addresses and sizes, so the key names exactly what the graph
 does: a cached graph is right for any later buffer at the same address.
 """
 
@@ -18,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from flashrt_ros.capsules.driver import check, drv, ensure_context, stream
+from flashrt_ros.cuda.driver import check, drv, ensure_context, stream
 
-MAX_GRAPHS = 4096  # (sessions + scratch) x slots x kinds; beyond it the oldest is destroyed
+MAX_GRAPHS = 4096  # distinct (buffer pair, kind) keys; beyond it the oldest is destroyed
 
 log = logging.getLogger(__name__)
 _cache: OrderedDict[tuple, object] = OrderedDict()  # key -> CUgraphExec, least recent first
@@ -59,7 +60,7 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
 
 def _disable(e: Exception) -> None:
     global _ok
-    log.warning("capsule graphs unavailable (%s); issuing copies directly", e)
+    log.warning("one-node graphs unavailable (%s); issuing copies directly", e)
     _ok = False
 
 

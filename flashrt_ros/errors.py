@@ -1,0 +1,42 @@
+"""The errors the core raises, so a caller can tell a bad request from a fault.
+
+Every bad request is a `ValueError` and every capacity limit a `RuntimeError`, as before this
+module existed, so code that catches those keeps working. A bad request changes nothing. A
+`StepFault` is not the caller's fault: the step ran and produced something that must not reach
+a robot (a NaN or Inf action), or the device failed (CUDA error, out of memory).
+"""
+
+from __future__ import annotations
+
+
+class FlashrtError(Exception):
+    """Base of every error flashrt_ros raises on purpose."""
+
+
+class BadRequest(FlashrtError, ValueError):
+    """The arguments are wrong (type, shape, range, NaN); nothing was changed."""
+
+
+class UnknownReference(BadRequest):
+    """No capsule, session or recorded step by that id or name."""
+
+
+class BadName(BadRequest):
+    """A capsule or session name outside the allowed pattern, reserved, or already taken."""
+
+
+class CorruptCapsule(BadRequest):
+    """A capsule (in the pool or in a file) whose bytes or fields fail their checks."""
+
+
+class FingerprintMismatch(BadRequest):
+    """A capsule of another policy, weights, state layout or device."""
+
+
+class CapacityError(FlashrtError, RuntimeError):
+    """A bound is reached: the pool is full of pinned capsules, or max_sessions sessions exist."""
+
+
+class StepFault(FlashrtError, RuntimeError):
+    """A step failed or produced a non-finite action; the session is poisoned until a restore,
+    a branch or a reset."""

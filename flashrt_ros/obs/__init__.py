@@ -1,0 +1,1 @@
+"""Observation assembly from robot messages, without ROS (the node and the replay tools)."""

@@ -115,6 +115,10 @@ class Session:
             self.plan.fn = io_step_fn
         self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])
 
+    def state_replaced(self) -> None:
+        """Called by the Engine after anything other than a step rewrote the arena (restore,
+        branch, session copy, reset, rewind): the state now starts a new line of steps."""
+
     @property
     def captured(self) -> bool:
         return self.plan.graph is not None

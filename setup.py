@@ -14,10 +14,13 @@ setup(
     packages=[
         "flashrt_ros",
         "flashrt_ros.runtime",
+        "flashrt_ros.cuda",
+        "flashrt_ros.obs",
         "flashrt_ros.capsules",
         "flashrt_ros.policies",
         "flashrt_ros.replay",
         "flashrt_ros.sim",
+        "flashrt_ros.demo",
         "flashrt_ros.node",
     ],
     package_data={"flashrt_ros.policies": ["weights/*"]},

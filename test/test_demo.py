@@ -96,8 +96,23 @@ def test_demo_runs_end_to_end(tmp_path):
         assert word in text, r.stdout
 
 
+def test_demo_plot_imports_no_ros():
+    """The plot re-plots a run on a machine without ROS (e.g. the GPU benchmark machine)."""
+    code = (
+        "import sys, flashrt_ros.demo.plot; "
+        "ros = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('rclpy', 'rcl_interfaces', 'sensor_msgs', 'std_msgs')); "
+        "assert not ros, ros"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+
+
 def test_demo_plot_synthetic(tmp_path):
-    from flashrt_ros.demo_plot import plot_demo
+    from flashrt_ros.demo.plot import load_run, plot_demo
+    from flashrt_ros.demo.trajectory import Trajectory
 
     t = np.linspace(0, 12, 600)
     q = 0.5 * np.sin(t[:, None] * 0.5 + np.arange(6))
@@ -130,9 +145,7 @@ def test_demo_plot_synthetic(tmp_path):
             "success": True,
         },
     ]
-    record = {
-        "t": t,
-        "q": q,
+    summary = {
         "story_s": 12.0,
         "rate_hz": 50.0,
         "events": events,
@@ -143,5 +156,14 @@ def test_demo_plot_synthetic(tmp_path):
         "diagnostics_end": {"steps": "600"},
         "final_error_rad": {"norm": 0.1, "max_abs": 0.05},
     }
-    png = plot_demo(record, tmp_path / "p.png")
+    trajectory = Trajectory(t=t, q=q, joint_names=[f"j{i}" for i in range(6)])
+    png = plot_demo(summary, trajectory, tmp_path / "p.png")
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+    # the re-plot path reads back what the demo writes
+    trajectory.write_csv(tmp_path / "joint_states.csv")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    summary2, traj2 = load_run(tmp_path)
+    assert summary2 == summary and traj2.joint_names == trajectory.joint_names
+    np.testing.assert_allclose(traj2.t, t, atol=1e-6)
+    np.testing.assert_allclose(traj2.q, q, atol=1e-6)

@@ -164,16 +164,21 @@ class ArmModel:
         """Positions then velocities, float64 of length 2 * n_joints."""
         return np.concatenate([self._q, self._dq])
 
-    def reset(self, q0=None) -> None:
-        """Put the arm at rest at ``q0`` (default: zeros, clamped into the limits), target = q0."""
+    def reset(self, q0=None, dq0=None) -> None:
+        """Put the arm at ``q0`` (default: zeros, clamped into the limits), target = q0.
+
+        ``dq0`` starts it moving (default: at rest), so a prediction can begin from a measured
+        state. ValueError on a wrong size, NaN/Inf or ``q0`` outside the limits, state unchanged.
+        """
         if q0 is None:
             q = np.clip(np.zeros(self.n), self.lower, self.upper)
         else:
             q = _vector(q0, self.n, "q0")
             if np.any(q < self.lower) or np.any(q > self.upper):
                 raise ValueError(f"q0 outside the joint limits [{self.lower}, {self.upper}]: {q}")
+        dq = np.zeros(self.n) if dq0 is None else _vector(dq0, self.n, "dq0")
         self._q = q
-        self._dq = np.zeros(self.n)
+        self._dq = dq
         self._target = q.copy()
         self.steps = 0
 

@@ -1,14 +1,14 @@
 """The PNG plot of the flashrt demo (`python -m flashrt_ros.demo`); plain data in, no ROS.
 
-``plot_demo(record, path)`` draws two panels sharing the time axis:
+``plot_demo(summary, trajectory, path)`` draws two panels sharing the time axis:
 
 - top: the 6 joint positions (solid) and the goal the live policy was pursuing (dashed, same
   colour per joint), with a vertical line and a label for each capsule operation and goal change;
 - bottom: the distance of the arm to that goal, with the phases of the story shaded.
 
-``record`` is the dict the demo writes as summary.json plus ``t`` / ``q`` arrays (seconds since
-the story started, joint positions; the demo writes them as joint_states.csv).
-Re-plot a finished run: ``python -m flashrt_ros.demo_plot OUT_DIR``.
+``summary`` is the dict the demo writes as summary.json, ``trajectory`` the joint positions it
+recorded (written as joint_states.csv).
+Re-plot a finished run: ``python -m flashrt_ros.demo.plot OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from flashrt_ros.demo.trajectory import Trajectory
 
 # colour of the vertical line of each event kind
 EVENT_COLORS = {
@@ -51,20 +53,21 @@ def _goal_at(segments: list[dict], t: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def plot_demo(record: dict, path: str | Path) -> Path:
+def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
+    """Write the figure to `path` (PNG); matplotlib is imported here, so importing is cheap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    t = np.asarray(record["t"], dtype=float)
-    q = np.asarray(record["q"], dtype=float)
-    names = record.get("joint_names") or [f"joint{i + 1}" for i in range(q.shape[1])]
+    t = np.asarray(trajectory.t, dtype=float)
+    q = np.asarray(trajectory.q, dtype=float)
+    names = trajectory.joint_names or [f"joint{i + 1}" for i in range(q.shape[1])]
     n = len(names)
-    t_end = float(record.get("story_s") or (t[-1] if len(t) else 1.0))
-    segments = record["goal_segments"]
-    events = [e for e in record["events"] if e.get("plot", True)]
+    t_end = float(summary.get("story_s") or (t[-1] if len(t) else 1.0))
+    segments = summary["goal_segments"]
+    events = [e for e in summary["events"] if e.get("plot", True)]
 
     fig = plt.figure(figsize=(15, 8.2), constrained_layout=True)
     gs = fig.add_gridspec(2, 2, width_ratios=[3.3, 1.25], height_ratios=[3, 1.2])
@@ -124,10 +127,11 @@ def plot_demo(record: dict, path: str | Path) -> Path:
     ax.legend(loc="lower left", ncol=4, fontsize=8, framealpha=0.9)
     ax.grid(alpha=0.3)
     plt.setp(ax.get_xticklabels(), visible=False)
-    d = record.get("diagnostics_end", {})
+    d = summary.get("diagnostics_end", {})
     ax.set_title(
         f"flashrt demo: the built-in policy drives the simulated arm at "
-        f"{record.get('rate_hz', 0):g} Hz; a planner checkpoints, branches, rolls out and restores",
+        f"{summary.get('rate_hz', 0):g} Hz; a planner checkpoints, branches, rolls out and "
+        "restores",
         fontsize=11,
         loc="left",
     )
@@ -178,12 +182,12 @@ def plot_demo(record: dict, path: str | Path) -> Path:
         f"step p50 {d.get('step_p50_us', '?')} us, p99 {d.get('step_p99_us', '?')} us",
         f"jitter p99 {d.get('jitter_p99_us', '?')} us, overruns {d.get('overruns', '?')}",
     ]
-    for r in record.get("rollouts", []):
+    for r in summary.get("rollouts", []):
         stats.append(
             f"what-if {r['session']}: distance to {r['goal']} "
             f"{r['start_error_to_goal']:.2f} -> {r['predicted_error_to_goal']:.2f} rad"
         )
-    fe = record.get("final_error_rad")
+    fe = summary.get("final_error_rad")
     if fe:
         stats.append(f"final distance to goal: {fe['norm']:.3f} rad")
     axt.text(0.0, y, "run", fontsize=9.5, fontweight="bold", va="top", transform=axt.transAxes)
@@ -230,17 +234,15 @@ def plot_demo(record: dict, path: str | Path) -> Path:
     return path
 
 
-def load_run(out_dir: str | Path) -> dict:
+def load_run(out_dir: str | Path) -> tuple[dict, Trajectory]:
     """summary.json and joint_states.csv of a demo run, as plot_demo takes them."""
     out_dir = Path(out_dir)
-    record = json.loads((out_dir / "summary.json").read_text())
-    data = np.loadtxt(out_dir / "joint_states.csv", delimiter=",", skiprows=1, ndmin=2)
-    record["t"], record["q"] = data[:, 0], data[:, 1:]
-    return record
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return summary, Trajectory.read_csv(out_dir / "joint_states.csv")
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
-        print("usage: python -m flashrt_ros.demo_plot OUT_DIR   (re-plots OUT_DIR/demo.png)")
+        print("usage: python -m flashrt_ros.demo.plot OUT_DIR   (re-plots OUT_DIR/demo.png)")
         sys.exit(0 if len(sys.argv) == 2 else 2)
-    print(plot_demo(load_run(sys.argv[1]), Path(sys.argv[1]) / "demo.png"))
+    print(plot_demo(*load_run(sys.argv[1]), Path(sys.argv[1]) / "demo.png"))

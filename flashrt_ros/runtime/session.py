@@ -7,6 +7,7 @@ import torch
 from flashrt_ros.cuda.copy import copy_io
 from flashrt_ros.policies.base import Policy, StateEntry
 from flashrt_ros.runtime.arena import Arena
+from flashrt_ros.runtime.flight import FlightRing, record
 from flashrt_ros.runtime.graph import StepPlan
 
 
@@ -16,13 +17,18 @@ def raw_step(policy: Policy, obs, views, action, chunk) -> None:
     views["step"].add_(1)
 
 
-def arena_step(policy: Policy, buf, obs, action, chunk, table: tuple) -> None:
+def arena_step(policy: Policy, buf, obs, action, chunk, table: tuple, ring=None) -> None:
     """raw_step over views made from the arena's bytes inside the call. The compiler sees one
     mutated input (the arena) instead of many aliasing views of different dtypes, which
-    aot_autograd cannot functionalize."""
+    aot_autograd cannot functionalize. With a flight ring, the arena the step starts from is
+    written to its slot first, inside the same compiled function: one scatter kernel whose
+    slot index it computes on the device from the step counter (measured on the H200: no
+    change in step p50, bench/flight_bench.py)."""
     views = {
         name: buf[off : off + n].view(dtype).view(shape) for name, dtype, shape, off, n in table
     }
+    if ring is not None:
+        record(ring, buf, views["step"])
     raw_step(policy, obs, views, action, chunk)
 
 
@@ -60,7 +66,10 @@ class Session:
         seed: int,
         use_graph: bool,
         fuse: bool = False,
+        flight_ticks: int = 0,
     ):
+        """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
+        allocated here, before the step is captured, and written by the captured step."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -90,12 +99,17 @@ class Session:
             (e.name, e.dtype, tuple(e.shape), r.offset, r.nbytes)
             for e, r in zip(spec, self.arena.rows, strict=True)
         )
+        self.table = table
         fused = fused_step() if fuse else None
+        self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
+        ring = self.flight.words if self.flight is not None else None
 
         def step_fn() -> None:
             if fused is not None:
-                fused(policy, buf, obs, action, chunk, table)
+                fused(policy, buf, obs, action, chunk, table, ring)
             else:
+                if ring is not None:
+                    record(ring, buf, views["step"])
                 raw_step(policy, obs, views, action, chunk)
 
         self.step_fn = step_fn  # the step over the static device buffers, without IO
@@ -113,11 +127,36 @@ class Session:
                 copy_io(host_chunk, chunk)
 
             self.plan.fn = io_step_fn
+        # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
+        # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
         self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])
 
     def state_replaced(self) -> None:
-        """Called by the Engine after anything other than a step rewrote the arena (restore,
-        branch, session copy, reset, rewind): the state now starts a new line of steps."""
+        """Called by the Engine after anything other than a step or a rewind rewrote the arena
+        (restore, branch, session copy, reset): the state now starts a new line of steps, so the
+        flight ring's older slots no longer lead here. Host bookkeeping only: the arena itself
+        is the newest state, and the next step records it."""
+        if self.flight is not None:
+            self.flight.restart(self.steps)
+
+    def flight_steps(self) -> range:
+        """The steps whose state this session holds, oldest first (only the current one when
+        the recorder is off)."""
+        if self.flight is None:
+            return range(self.steps, self.steps + 1)
+        return self.flight.held(self.steps)
+
+    def flight_state(self, step: int) -> torch.Tensor:
+        """The bytes of a held step: the arena for the current one, else its ring slot."""
+        if step == self.steps or self.flight is None:
+            return self.arena.buf
+        return self.flight.row(step)
+
+    def rewind_to(self, step: int) -> None:
+        """Back to a held step older than the current one, with one device copy; the steps
+        older than it stay held."""
+        self.flight.rewind(step, self.steps, self.arena.buf)
+        self.steps = step
 
     @property
     def captured(self) -> bool:

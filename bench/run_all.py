@@ -1,9 +1,12 @@
 """Every GPU benchmark and CUDA-path check in one run (no ROS needed).
 
-    python bench/run_all.py --out DIR [--quick]
+    python3 bench/run_all.py --out DIR [--quick] [--checks-only]
 
-Writes DIR/latest.json (the schema of DESIGN.md section 8, plus "checks" and "variants") and
-DIR/latest.md. Run on the GPU machine; the CPU has no CUDA graphs to measure.
+Writes DIR/latest.json (the schema in bench/README.md) and DIR/latest.md, rewriting the JSON
+after each part so that a crash still leaves what was measured. The CUDA-path checks
+(bench/checks.py, also test/test_cuda.py) are recorded under "checks"; any failed check, or a
+part that raised (the check "<part>_ran"), makes the exit status 1 and is named in the last line
+printed. Exit status 2: no CUDA device. Run on the GPU machine; the CPU has no CUDA graphs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import os
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +26,29 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import checks as ck  # noqa: E402
+from bench.checks import Check, check, core_plan, obs_stream  # noqa: E402
 from bench.timing import burst_timed, event_timed, host_timed, p  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
-from flashrt_ros.capsules.checksum import device_checksum, reference_digest  # noqa: E402
-from flashrt_ros.cuda.copy import copy_bytes, copy_now, driver_copies  # noqa: E402
+from flashrt_ros.capsules.checksum import device_checksum  # noqa: E402
+from flashrt_ros.cuda.copy import copy_bytes, copy_now  # noqa: E402
 from flashrt_ros.cuda.driver import drv  # noqa: E402
-from flashrt_ros.cuda.kernels import compiled as checksum_kernel  # noqa: E402
 from flashrt_ros.runtime.arena import Arena  # noqa: E402
-from flashrt_ros.runtime.graph import StepPlan  # noqa: E402
-from flashrt_ros.runtime.recipes import restore_regions  # noqa: E402
 from flashrt_ros.runtime.session import engine_entries  # noqa: E402
 
 MB = 1 << 20
+
+# The CUDA-path checks of this run, in order (the driver paths first: if they are off, the
+# copy and checksum checks below only test the torch fallbacks).
+CHECK_GROUPS: list[tuple[str, Callable[[], list[Check]]]] = [
+    ("driver_paths", ck.driver_paths),
+    ("checksum", ck.checksum_kernel),
+    ("copies", ck.copies_exact),
+    ("graph_vs_eager", ck.graph_vs_eager),
+    ("replay", ck.replay_stable),
+    ("capsules", ck.capsules_continue),
+    ("exported_policy", ck.exported_policy),
+]
 
 
 def log(*a) -> None:
@@ -45,106 +61,6 @@ def d2d_bandwidth() -> float:
     b = torch.empty_like(a)
     t = event_timed(lambda: b.copy_(a), iters=20)
     return round(2 * n / (np.median(t) * 1e-6) / 1e9, 1)
-
-
-def obs_stream(n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(n)[:, None] * 0.01
-    f = rng.uniform(0.2, 1.0, 6)
-    q = 0.8 * np.sin(2 * np.pi * f * t)
-    dq = 0.8 * 2 * np.pi * f * np.cos(2 * np.pi * f * t)
-    return np.concatenate([q, dq], 1).astype(np.float32)
-
-
-# -- CUDA-path checks --------------------------------------------------------------------------
-def core_plan(s) -> StepPlan:
-    """The session's step captured without its IO nodes, to drive it from device-resident
-    observations (a whole history uploaded once) without a host round trip per step."""
-    plan = StepPlan(s.step_fn, s.obs.device)
-    plan.capture([s.arena.buf, s.obs, s.action, s.chunk])
-    return plan
-
-
-def checks() -> dict:
-    res = {}
-    obs = obs_stream(500)
-    g = Engine(load_policy("builtin:hybrid"), device="cuda", seed=0)  # fused + captured
-    u = Engine(load_policy("builtin:hybrid"), device="cuda", seed=0, fuse=False)
-    e = Engine(load_policy("builtin:hybrid"), device="cuda", seed=0, use_graph=False)
-    c = Engine(load_policy("builtin:hybrid"), device="cpu", seed=0)
-    assert g.session("main").captured and not e.session("main").captured
-    ga = np.array([g.step(o) for o in obs])
-    ea = np.array([e.step(o) for o in obs])
-    ca = np.array([c.step(o) for o in obs])
-    res["graph_vs_eager_cuda_max_abs"] = float(np.abs(ga - ea).max())
-    res["graph_vs_cpu_max_abs"] = float(np.abs(ga - ca).max())
-    res["graph_vs_eager_cuda_rel"] = float(np.linalg.norm(ga - ea) / np.linalg.norm(ea))
-    ua = np.array([u.step(o) for o in obs])
-    res["unfused_graph_equals_eager_cuda_bitwise"] = bool(np.array_equal(ua, ea))
-    # 10,000 replays: stable (finite, bounded, no allocation growth), still agrees with eager
-    s = g.session("main")
-    core = core_plan(s)
-    long = obs_stream(10_000, seed=1)
-    x = torch.from_numpy(long).cuda()
-    torch.cuda.synchronize()
-    allocs0 = torch.cuda.memory_stats()["allocation.all.allocated"]
-    t0 = time.perf_counter()
-    for i in range(10_000):
-        s.obs.copy_(x[i : i + 1])
-        core.replay()
-    torch.cuda.synchronize()
-    res["replay_10k_s"] = round(time.perf_counter() - t0, 3)
-    res["replay_10k_allocations"] = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0
-    res["replay_10k_finite"] = bool(torch.isfinite(s.action).all().item())
-    res["replay_10k_step_counter"] = int(s.views["step"][0])
-    # capsules on CUDA: checksum and continuation identical after restore
-    cap = g.checkpoint(name="cuda_cap")
-    first = np.array([g.step(o) for o in obs[:200]])
-    g.restore("cuda_cap", verify=True)
-    res["restore_checksum_equal"] = g.state_checksum() == cap.checksum
-    second = np.array([g.step(o) for o in obs[:200]])
-    res["restore_continuation_bitwise"] = bool(np.array_equal(first, second))
-    g.branch("cuda_cap", "alt")
-    third = np.array([g.step(o, session="alt") for o in obs[:200]])
-    res["branch_continuation_bitwise"] = bool(np.array_equal(first, third))
-    restore_regions(g, "cuda_cap", "main", ("kv",))  # paper ablation: main is 200 steps on
-    res["kv_only_diverges"] = not np.array_equal(first, np.array([g.step(o) for o in obs[:200]]))
-    res["cuda_python_copies"] = driver_copies()
-    try:
-        res["exported_policy"] = exported_check()
-    except Exception as ex:  # report, don't hide
-        res["exported_policy"] = f"{type(ex).__name__}: {ex}"[:300]
-    res["tier"] = cap.tier
-    return res
-
-
-def exported_check() -> dict:
-    """A user's torch.export policy captured on CUDA gives the module's actions."""
-    import tempfile
-
-    torch.manual_seed(5)
-    cell, out = torch.nn.GRUCell(18, 16), torch.nn.Linear(16, 6)
-
-    class User(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.cell, self.out = cell, out
-
-        def forward(self, obs, goal, h):
-            h2 = self.cell(torch.cat([obs, goal])[None], h[None])[0]
-            return obs[:6] + 0.1 * torch.tanh(self.out(h2)), h2
-
-    m = User().eval()
-    args = (torch.zeros(12), torch.zeros(6), torch.zeros(16))
-    path = Path(tempfile.mkdtemp()) / "user.pt2"
-    torch.export.save(torch.export.export(m, args), str(path))
-    eng = Engine(load_policy(str(path)), device="cuda")
-    h, worst = torch.zeros(16), 0.0
-    with torch.no_grad():
-        for o in obs_stream(200, seed=3):
-            a, h = m(torch.from_numpy(o), torch.zeros(6), h)
-            worst = max(worst, float(np.abs(eng.step(o) - a.numpy()).max()))
-    return {"captured": eng.session("main").captured, "max_abs_vs_module": worst}
 
 
 # -- step latency ----------------------------------------------------------------------------
@@ -237,27 +153,9 @@ def capsule_row(d2d: float, mb: int, iters: int) -> dict:
     }
 
 
-def checksum_check() -> dict:
-    """The checksum kernel against the torch definition on random bytes of awkward sizes."""
-    sizes = [4, 1020, 4096 + 12, (1 << 20) + 36, 67_108_864 + 4]
-    ok = []
-    for n in sizes:
-        buf = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
-        ok.append(torch.equal(device_checksum(buf), reference_digest(buf)))
-        ok.append(torch.equal(device_checksum(buf.cpu()), reference_digest(buf).cpu()))
-    before = device_checksum(buf).clone()
-    buf[n // 2] ^= 1  # one flipped bit changes the digest
-    return {
-        "kernel": checksum_kernel(0),
-        "equals_reference": all(ok),
-        "sizes": sizes,
-        "bitflip_detected": not torch.equal(device_checksum(buf), before),
-    }
-
-
 def copy_paths(iters: int) -> dict:
     """Ways to issue one 1 MB device copy, in bursts (host issue cost dominates at this size),
-    against cloning the same state tensor by tensor. Informs capsules/copy.py."""
+    against cloning the same state tensor by tensor. Informs cuda/copy.py."""
     import ctypes
 
     pol = load_policy("builtin:hybrid", d_model=256, n_layers=4, n_heads=8, kv_len=128)
@@ -301,7 +199,7 @@ def copy_paths(iters: int) -> dict:
             fn()
         res[f"{name}_host_issue_us"] = round((time.perf_counter() - h0) / 200 * 1e6, 2)
         torch.cuda.synchronize()
-    assert torch.equal(dst, arena.buf)
+    res["exact"] = bool(torch.equal(dst, arena.buf))  # checked in main()
     return res
 
 
@@ -361,38 +259,52 @@ def reprefill_row(h: int, reps: int) -> dict:
 
 
 def markdown(r: dict) -> str:
+    """latest.md from latest.json (parts that are missing or failed are left out)."""
     L = [
         f"# flashrt_ros GPU benchmarks — {r['gpu']}, torch {r['torch']}, {r['date']}",
         "",
         f"Command: `{r['command']}` (git {r['git']})",
         "",
-        f"Device copy bandwidth (read+write): {r['d2d_GBps']} GB/s",
-        "",
-        "| policy | state | eager p50/p99 us | torch.compile p50 us | graph (unfused) p50 us "
-        "| graph p50/p99 us | eager/graph |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for s in [r["step"], *r["variants"]]:
+    if "failed_checks" in r:  # files of this version (older ones have no verdict)
+        bad = r["failed_checks"]
+        L += [
+            f"CUDA-path checks: {len(r['checks']) - len(bad)} of {len(r['checks'])} passed"
+            + (f"; FAILED: {', '.join(bad)}" if bad else ""),
+            "",
+        ]
+    if r.get("d2d_GBps") is not None:
+        L += [f"Device copy bandwidth (read+write): {r['d2d_GBps']} GB/s", ""]
+    steps = [s for s in [r.get("step"), *(r.get("variants") or [])] if s]
+    if steps:
+        L += [
+            "| policy | state | eager p50/p99 us | torch.compile p50 us | graph (unfused) p50 us "
+            "| graph p50/p99 us | eager/graph |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    for s in steps:
         L.append(
             f"| {s['policy']} | {s['state_bytes']} B | {s['eager_p50_us']} / "
             f"{s['eager_p99_us']} | {s.get('compile_p50_us')} | {s['graph_unfused_p50_us']} | "
             f"{s['graph_p50_us']} / "
             f"{s['graph_p99_us']} | {s['eager_p50_us'] / s['graph_p50_us']:.1f}x |"
         )
-    L += [
-        "",
-        "| state MB | snapshot p50 us | restore p50 us | floor us | per-tensor clone us | "
-        "host round trip us | device checksum us |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for c in r["capsule"]:
+    if r.get("capsule"):
+        L += [
+            "",
+            "| state MB | snapshot p50 us | restore p50 us | floor us | per-tensor clone us | "
+            "host round trip us | device checksum us |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    for c in r.get("capsule") or []:
         L.append(
             f"| {c['mb']} | {c['snapshot_p50_us']} | {c['restore_p50_us']} | "
             f"{c['floor_us']} | {c['clone_p50_us']} | {c['host_p50_us']} | "
             f"{c['checksum_p50_us']} |"
         )
-    L += ["", "| history | restore p50 us | recompute p50 us | speedup |", "|---|---|---|---|"]
-    for c in r["reprefill"]:
+    if r.get("reprefill"):
+        L += ["", "| history | restore p50 us | recompute p50 us | speedup |", "|---|---|---|---|"]
+    for c in r.get("reprefill") or []:
         L.append(
             f"| {c['history']} | {c['restore_p50_us']} | {c['reprefill_p50_us']} | "
             f"{c['speedup']}x |"
@@ -404,6 +316,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for latest.json and latest.md")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    ap.add_argument(
+        "--checks-only", action="store_true", help="only the CUDA-path checks, no timings"
+    )
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/run_all.py needs a CUDA GPU", file=sys.stderr)
@@ -411,33 +326,65 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     iters = 300 if a.quick else 2000
-    r = {
+    r: dict = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "git": os.environ.get("FLASHRT_GIT", "unknown"),
-        "command": "python bench/run_all.py --out bench/results",
+        "command": " ".join(["python3 bench/run_all.py", *sys.argv[1:]]),
     }
-    r["checks"] = checks()
-    r["checks"]["checksum"] = checksum_check()
-    r["copy_paths"] = copy_paths(200)
-    log("copy paths", r["copy_paths"])
-    log("checks", r["checks"])
-    r["d2d_GBps"] = d2d_bandwidth()
-    log("d2d", r["d2d_GBps"])
-    r["step"] = step_bench({}, iters)
-    log("step", r["step"])
-    r["variants"] = [step_bench(dict(d_model=256, n_layers=4, n_heads=8, kv_len=256), iters)]
-    log("variants", r["variants"])
-    r["capsule"] = capsule_bench(r["d2d_GBps"], [1, 16, 256, 1024], 50 if a.quick else 200)
-    r["engine_capsule_ops"] = engine_capsule_ops(100)
-    log("engine ops", r["engine_capsule_ops"])
-    r["reprefill"] = reprefill_bench([2048, 4096, 8192, 16384], 3 if a.quick else 5)
+    results: list[Check] = []
+    t_start = time.perf_counter()
+
+    def save() -> None:
+        r["checks"] = ck.as_json(results)
+        r["failed_checks"] = ck.failed(results)
+        r["all_ok"] = not r["failed_checks"]
+        r["seconds"] = round(time.perf_counter() - t_start, 1)
+        (out / "latest.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+
+    def part(key: str, fn: Callable[[], object]) -> None:
+        """r[key] = fn(); one that raises leaves None and the failed check `<key>_ran`."""
+        t0 = time.perf_counter()
+        try:
+            r[key] = fn()
+        except Exception as ex:  # report, don't hide; the other parts still run
+            traceback.print_exc()
+            r[key] = None
+            results.append(check(f"{key}_ran", False, error=f"{type(ex).__name__}: {ex}"[:500]))
+        log(key, r[key], f"({time.perf_counter() - t0:.1f} s)")
+        save()
+
+    results += ck.run_groups(CHECK_GROUPS, log)
+    save()
+    if not a.checks_only:
+        part("copy_paths", lambda: copy_paths(200))
+        if r["copy_paths"] is not None:
+            results.append(check("copy_paths_exact", r["copy_paths"]["exact"]))
+        part("d2d_GBps", d2d_bandwidth)
+        part("step", lambda: step_bench({}, iters))
+        variant = dict(d_model=256, n_layers=4, n_heads=8, kv_len=256)
+        part("variants", lambda: [step_bench(variant, iters)])
+        part(
+            "capsule",
+            lambda: capsule_bench(r["d2d_GBps"], [1, 16, 256, 1024], 50 if a.quick else 200),
+        )
+        part("engine_capsule_ops", lambda: engine_capsule_ops(100))
+        part("reprefill", lambda: reprefill_bench([2048, 4096, 8192, 16384], 3 if a.quick else 5))
+        for row in r["reprefill"] or []:
+            results.append(
+                check(
+                    f"reprefill_{row['history']}_restored_checksum",
+                    row["restored_checksum_ok"],
+                )
+            )
     r["ros"] = None  # filled by bench/ros_bench.py where ROS runs on the GPU machine
-    (out / "latest.json").write_text(json.dumps(r, indent=1) + "\n")
+    save()
     (out / "latest.md").write_text(markdown(r))
     print(markdown(r))
-    return 0
+    log(f"total {time.perf_counter() - t_start:.0f} s; JSON in {out / 'latest.json'}")
+    log(ck.verdict(results, "bench/run_all.py"))
+    return 0 if r["all_ok"] else 1
 
 
 if __name__ == "__main__":

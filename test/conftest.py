@@ -12,6 +12,8 @@ Fixtures (see ros_helpers.py for the API of RosHarness / NodeProcess):
   -> NodeProcess (`.service("list_capsules")`, `.topic("commands")`, `.log_tail()`, `.stop()`).
 - `ros_node`: the rclpy client node of `ros`.
 - `ros_domain`: the ROS_DOMAIN_ID of the current test (int).
+Tests marked `cuda` (test_cuda.py) are skipped where torch sees no CUDA device; with
+FLASHRT_REQUIRE_CUDA=1 that is an error instead (the GPU machine must not skip them silently).
 Tests needing ROS are skipped only when rclpy cannot be imported outside `make test`; with env.sh
 sourced (FLASHRT_ROOT set) a missing rclpy is an error.
 """
@@ -35,6 +37,37 @@ from test.ros_helpers import (
 def pytest_configure(config):
     # rclpy -> rosidl_parser -> lark-parser 0.12 imports the deprecated sre_* modules
     config.addinivalue_line("filterwarnings", "ignore:module 'sre_:DeprecationWarning")
+    config.addinivalue_line(
+        "markers",
+        "cuda: needs a CUDA device (the GPU machine: pytest -m cuda test/test_cuda.py); skipped "
+        "where there is none, an error instead with FLASHRT_REQUIRE_CUDA=1",
+    )
+
+
+def _no_cuda_reason() -> str | None:
+    try:
+        import torch
+    except Exception as exc:  # pragma: no cover - torch is a dependency
+        return f"torch not importable ({exc!r})"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped without a CUDA device (torch is imported only when such
+    a test was collected); with FLASHRT_REQUIRE_CUDA=1 that is a usage error instead."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    reason = _no_cuda_reason()
+    if reason is None:
+        return
+    if os.environ.get("FLASHRT_REQUIRE_CUDA") == "1":
+        raise pytest.UsageError(f"FLASHRT_REQUIRE_CUDA=1 but {reason}: the cuda tests cannot run")
+    skip = pytest.mark.skip(reason=f"{reason} (cuda marker)")
+    for item in marked:
+        item.add_marker(skip)
 
 
 _module_domain: list[int] = []  # domain of the live `ros_module` harness, if any

@@ -1,23 +1,50 @@
 """The disk tier: capsule files in `capsule_dir` (persist, reload at start, remove on drop).
 
-The store knows which files it owns (the ones it wrote or reloaded), how they are named and
-what a header holds for this engine. The pool knows nothing of files; the Engine calls the
-store before it touches the pool, so a failed write leaves the pool as it was.
+The store knows which files it owns (the ones it wrote or loaded from capsule_dir) and the
+capsule each one holds, how they are named and what a header holds for this engine. The pool
+knows nothing of files; the Engine checks everything that can refuse a call, then calls the
+store, then the pool, so a refused call leaves pool and disk as they were. A persisted file is
+never overwritten by another capsule; only a pin change rewrites it (atomically).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
+from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, FingerprintMismatch
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Owned:
+    """A file of capsule_dir and the capsule it holds (an id alone can be reused after an
+    eviction: stamp and checksum tell the capsule apart)."""
+
+    path: Path
+    stamp: float
+    checksum: str
+
+    def holds(self, info: CapsuleInfo) -> bool:
+        return self.stamp == info.stamp and self.checksum == info.checksum
+
+
+class NotLoaded(NamedTuple):
+    """A file of capsule_dir the start did not load, and why."""
+
+    path: Path
+    reason: str
 
 
 class CapsuleStore:
@@ -38,7 +65,10 @@ class CapsuleStore:
         self.layout = layout
         self.nbytes = int(nbytes)
         self.policy_id = policy_id
-        self._files: dict[str, Path] = {}  # capsule id -> its file in `folder`, owned by us
+        self._files: dict[str, _Owned] = {}  # capsule id -> its file in `folder`
+        # files of capsule_dir the last reload did not load, and why (unreadable, foreign,
+        # symlink, no free slot)
+        self.not_loaded: list[NotLoaded] = []
 
     # -- headers and files -------------------------------------------------------------------------
     def header(self, info: CapsuleInfo) -> dict:
@@ -53,84 +83,209 @@ class CapsuleStore:
             "parent_id": info.parent_id,
             "step": int(info.step),
             "stamp": float(info.stamp),
+            "pinned": bool(info.pinned),
             "policy": self.policy_id,
         }
 
-    def write(self, path: str | Path, info: CapsuleInfo, state: torch.Tensor) -> Path:
-        """Write a capsule file (atomic) holding `state`, the arena bytes of `info`."""
-        path = Path(path)
+    def write(
+        self, path: str | Path, info: CapsuleInfo, state: torch.Tensor, *, overwrite: bool = True
+    ) -> Path:
+        """Write a capsule file (atomic) holding `state`, the arena bytes of `info`. A file of
+        capsule_dir is never replaced this way, whatever `overwrite` says."""
+        path = check_path(path)
         if not path.parent.is_dir():
-            raise ValueError(f"folder {path.parent} does not exist")
+            raise BadRequest(f"folder {path.parent} does not exist")
+        if os.path.lexists(path) and (not overwrite or self._in_folder(path)):
+            raise BadRequest(f"{path} exists; remove it first or pick another path")
+        payload = state.cpu().numpy().tobytes()
         try:
-            return diskfmt.write_capsule_file(
-                path, self.header(info), state.cpu().numpy().tobytes()
-            )
+            return diskfmt.write_capsule_file(path, self.header(info), payload, overwrite=overwrite)
+        except FileExistsError:
+            raise BadRequest(f"{path} exists; remove it first or pick another path") from None
         except OSError as e:  # disk full, read-only, permissions: the caller's input problem
-            raise ValueError(f"cannot write {path}: {e.strerror}") from None
+            raise BadRequest(f"cannot write {path}: {e.strerror}") from None
 
-    def read(self, path: str | Path) -> tuple[dict, torch.Tensor]:
-        """A checked file's header and its state bytes as a host uint8 tensor."""
-        header, payload = diskfmt.read_capsule_file(path)
+    def check_header(self, path: str | Path, header: dict) -> None:
+        """Refuse a file of another engine before its payload is read."""
         if header["fingerprint"] != self.fingerprint:
-            raise ValueError(
+            raise FingerprintMismatch(
                 f"{path}: capsule fingerprint {header['fingerprint']} does not match this "
                 f"engine's {self.fingerprint} (other policy, weights, layout or device)"
             )
         if header["nbytes"] != self.nbytes or header["layout"] != self.layout:
-            raise ValueError(f"{path}: state layout differs from this engine's")
-        host = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            raise FingerprintMismatch(f"{path}: state layout differs from this engine's")
+
+    def read(self, path: str | Path) -> tuple[dict, torch.Tensor]:
+        """A checked file's header and its state bytes as a host uint8 tensor."""
+        path = check_path(path)
+        header, payload = diskfmt.read_capsule_file(path, lambda h: self.check_header(path, h))
+        host = torch.frombuffer(payload, dtype=torch.uint8)
         if to_hex(device_checksum(host)) != header["checksum"]:
-            raise ValueError(f"{path}: state bytes do not match the recorded checksum")
+            raise CorruptCapsule(f"{path}: state bytes do not match the recorded checksum")
         return header, host
 
     # -- capsule_dir -------------------------------------------------------------------------------
     def require_folder(self) -> Path:
         if self.folder is None:
-            raise ValueError("persist needs capsule_dir to be set")
+            raise BadRequest("persist needs capsule_dir to be set")
         return self.folder
 
     def path_for(self, info: CapsuleInfo) -> Path:
         return self.require_folder() / f"{info.name or info.id}{diskfmt.SUFFIX}"
 
     def id_taken(self, cid: str) -> bool:
-        """Whether a fresh id would meet a file already in capsule_dir."""
-        return self.folder is not None and (self.folder / f"{cid}{diskfmt.SUFFIX}").exists()
+        """Whether a fresh id would meet a file of capsule_dir (or one this store remembers)."""
+        if cid in self._files:
+            return True
+        return self.folder is not None and os.path.lexists(self.folder / f"{cid}{diskfmt.SUFFIX}")
+
+    def _in_folder(self, path: Path) -> bool:
+        if self.folder is None:
+            return False
+        try:
+            return os.path.samefile(path.parent, self.folder)
+        except OSError:
+            return False
 
     def persist(self, info: CapsuleInfo, state: torch.Tensor) -> Path:
-        path = self.write(self.path_for(info), info, state)
-        self._files[info.id] = path
+        """Write the capsule's file into capsule_dir; BadName when that file exists (a persisted
+        capsule is never overwritten, not even one evicted from the pool)."""
+        path = self.path_for(info)
+        if os.path.lexists(path):
+            raise BadName(
+                f"capsule file {path.name} exists in capsule_dir (a capsule not in the pool: "
+                "evicted, or not loaded at start); load_capsule and drop it, or pick another name"
+            )
+        path = self.write(path, info, state, overwrite=False)
+        self._files[info.id] = _Owned(path, info.stamp, info.checksum)
         return path
 
-    def discard(self, path: Path) -> None:
-        """Remove a file this store just wrote for a capsule that did not make it into the pool."""
-        path.unlink(missing_ok=True)
+    def discard(self, info: CapsuleInfo) -> None:
+        """Remove the file persist() just wrote for a capsule that did not make it into the
+        pool (only that file: the entry says which)."""
+        owned = self._files.pop(info.id, None)
+        if owned is not None and owned.holds(info):
+            owned.path.unlink(missing_ok=True)
+
+    def adopt(self, path: str | Path, info: CapsuleInfo) -> None:
+        """A capsule just loaded from a file of capsule_dir lives in that file from now on
+        (drop removes it), unless another capsule already does."""
+        path = Path(path)
+        if not self._in_folder(path) or path.name.startswith("."):
+            return
+        if any(_same(o.path, path) for o in self._files.values()):
+            return
+        self._files[info.id] = _Owned(path, info.stamp, info.checksum)
 
     def owns(self, cid: str) -> bool:
         return cid in self._files
 
-    def remove(self, cid: str) -> None:
-        """Delete the file of a dropped capsule (only a file this store owns); ValueError when the
-        file cannot be removed, so the caller keeps the capsule."""
-        f = self._files.get(cid)
-        if f is None:
+    def remove(self, info: CapsuleInfo) -> None:
+        """Delete the file of a dropped capsule (only the file holding this very capsule);
+        BadRequest when it cannot be removed, so the caller keeps the capsule."""
+        owned = self._files.get(info.id)
+        if owned is None:
             return
-        try:
-            f.unlink(missing_ok=True)
-        except OSError as e:
-            raise ValueError(f"cannot remove {f}: {e.strerror}") from None
-        del self._files[cid]
+        if owned.holds(info):
+            try:
+                owned.path.unlink(missing_ok=True)
+            except OSError as e:
+                raise BadRequest(f"cannot remove {owned.path}: {e.strerror}") from None
+        del self._files[info.id]
 
-    def reload(self, load: Callable[[Path], CapsuleInfo]) -> None:
-        """Load every capsule file of the folder through `load`; a bad file is skipped and said."""
+    def repin(self, info: CapsuleInfo) -> None:
+        """Rewrite the pin in the file of a persisted capsule (atomic replace of our own file,
+        the payload read back and checked first); nothing to do for other capsules."""
+        owned = self._files.get(info.id)
+        if owned is None or not owned.holds(info):
+            return
+        header, payload = self.read_file(owned.path)
+        if header["stamp"] != info.stamp or header["checksum"] != info.checksum:
+            raise BadRequest(f"{owned.path} no longer holds capsule {info.id}; pin not saved")
+        header["pinned"] = bool(info.pinned)
+        try:
+            diskfmt.write_capsule_file(owned.path, header, payload)
+        except OSError as e:
+            raise BadRequest(f"cannot rewrite {owned.path}: {e.strerror}") from None
+
+    def read_file(self, path: Path) -> tuple[dict, bytearray]:
+        return diskfmt.read_capsule_file(path, lambda h: self.check_header(path, h))
+
+    # -- start -------------------------------------------------------------------------------------
+    def reload(self, load: Callable[[Path], CapsuleInfo], room: Callable[[], int]) -> None:
+        """Load the capsule files of the folder through `load`, pinned ones first, then newest
+        first, while `room()` says a slot is free: a reload never evicts. Every file not loaded
+        is logged and listed in `not_loaded` with the reason; none of them stops the start."""
+        self.not_loaded = []
         d = self.folder
         if d is None:
             return
         if not d.is_dir():
-            raise ValueError(f"capsule_dir {d} is not a folder")
-        for f in sorted(d.glob(f"*{diskfmt.SUFFIX}")):
+            raise BadRequest(f"capsule_dir {d} is not a folder")
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            raise BadRequest(f"cannot list capsule_dir {d}: {e.strerror}") from None
+        found = []
+        for e in entries:
+            if diskfmt.TEMP.fullmatch(e.name):
+                self._clean_temp(Path(e.path))
+            elif e.name.endswith(diskfmt.SUFFIX):
+                path = Path(e.path)
+                try:
+                    if e.is_symlink():
+                        raise CorruptCapsule(f"{path}: is a symlink; capsule_dir holds files only")
+                    header = diskfmt.read_capsule_header(path)
+                    self.check_header(path, header)
+                except Exception as err:  # noqa: BLE001 (a bad file never stops the start)
+                    self._skip(path, err)
+                    continue
+                found.append((path, header))
+        found.sort(key=lambda ph: (not ph[1]["pinned"], -ph[1]["stamp"], ph[0].name))
+        for path, _header in found:
+            if room() <= 0:
+                self._skip(path, "the pool is full: every slot is taken (raise capsule_slots)")
+                continue
             try:
-                info = load(f)
-                self._files[info.id] = f
-                log.info("reloaded capsule %s (%s) from %s", info.id, info.name, f)
-            except (ValueError, RuntimeError) as e:
-                log.warning("skipping capsule file %s: %s", f, e)
+                info = load(path)
+            except Exception as err:  # noqa: BLE001
+                self._skip(path, err)
+                continue
+            log.info("reloaded capsule %s (%s) from %s", info.id, info.name, path)
+
+    def _skip(self, path: Path, why: object) -> None:
+        reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+        self.not_loaded.append(NotLoaded(path, reason))
+        log.warning("capsule file %s not loaded: %s", path, reason)
+
+    def _clean_temp(self, path: Path) -> None:
+        """Remove a temp file a killed write left behind: a regular file only (lstat, so a
+        symlink of that name is left alone and never followed)."""
+        try:
+            if stat.S_ISREG(path.lstat().st_mode):
+                path.unlink()
+                log.warning("removed stale temp file %s (a write that did not finish)", path)
+        except OSError as e:
+            log.warning("cannot remove stale temp file %s: %s", path, e.strerror)
+
+
+def check_path(path: object) -> Path:
+    """A file path from str or os.PathLike (bytes, None or a number is a bad request)."""
+    if isinstance(path, Path):
+        p = path
+    elif isinstance(path, str) and path:
+        p = Path(path)
+    elif isinstance(path, os.PathLike) and isinstance(os.fspath(path), str):
+        p = Path(os.fspath(path))
+    else:
+        raise BadRequest(f"path must be a file path (str or Path), got {path!r}")
+    if "\x00" in str(p):
+        raise BadRequest(f"path {str(p)!r} holds a NUL byte")
+    return p
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

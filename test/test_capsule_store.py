@@ -1,0 +1,400 @@
+"""capsule_dir is never lost and never trusted: names, refused calls, restarts, bad folder contents.
+
+Each test is a regression test for one point of the disk-tier review (the number in its name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros.capsules import diskfmt
+from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.names import check_capsule_name, check_session_name
+from flashrt_ros.errors import (
+    BadName,
+    BadRequest,
+    CapacityError,
+    CorruptCapsule,
+    FingerprintMismatch,
+)
+from test.engine_util import make_engine, observations
+
+OBS = observations(40, seed=5)
+
+
+def stepped(**kw):
+    eng = make_engine(**kw)
+    for o in OBS[:3]:
+        eng.step(o)
+    return eng
+
+
+def raw_file(header: bytes | dict, payload: bytes, version: int = diskfmt.VERSION) -> bytes:
+    """File bytes with a valid digest around any header (forged ones included)."""
+    hb = header if isinstance(header, bytes) else json.dumps(header).encode()
+    head = diskfmt.MAGIC + struct.pack("<II", version, len(hb)) + hb
+    return head + payload + hashlib.sha256(head + payload).digest()
+
+
+@pytest.fixture()
+def good(tmp_path):
+    """(header, payload) of a valid capsule of the default engine."""
+    eng = stepped()
+    cap = eng.checkpoint(name="good")
+    path = eng.save_capsule(cap.id, tmp_path / "good.fcap")
+    header, payload = diskfmt.read_capsule_file(path)
+    path.unlink()
+    return header, payload
+
+
+def names_in(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+# -- 4: names and ids never collide ----------------------------------------------------------------
+def test_4_name_of_the_id_form_is_refused_and_never_overwrites_a_persisted_capsule(tmp_path):
+    eng = stepped(capsule_dir=tmp_path)
+    first = eng.checkpoint(persist=True)
+    assert first.id == "c0001"
+    before = (tmp_path / "c0001.fcap").read_bytes()
+    eng.step(OBS[5])
+    for name in ("c0001", "c0002", "c12345"):
+        with pytest.raises(BadName, match="reserved"):
+            eng.checkpoint(name=name, persist=True)
+        with pytest.raises(BadName, match="reserved"):
+            eng.checkpoint(name=name)
+    assert (tmp_path / "c0001.fcap").read_bytes() == before
+    assert [c.id for c in eng.capsules()] == ["c0001"]
+    other = eng.checkpoint(name="other", persist=True)
+    eng.drop("c0001")  # the right file goes, and only it
+    assert names_in(tmp_path) == ["other.fcap"]
+    assert eng.capsule("other").id == other.id
+
+
+def test_4_a_file_id_never_shadows_a_name(good, tmp_path):
+    """A file's id that is no capsule id (a flight-step file's "main-42", a forged "other") is
+    replaced by a fresh one, so a lookup by name still finds the named capsule."""
+    header, payload = good
+    f = tmp_path / "x.fcap"
+    f.write_bytes(raw_file(dict(header, id="other", name=""), payload))
+    eng = stepped()
+    named = eng.checkpoint(name="other")
+    loaded = eng.load_capsule(f)
+    assert loaded.id not in ("other", named.id) and loaded.id.startswith("c")
+    assert eng.capsule("other").id == named.id
+
+
+# -- 5: a refused call changes nothing, on disk included -------------------------------------------
+def test_5_refused_persist_of_an_evicted_name_keeps_its_file(tmp_path):
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=2)
+    eng.checkpoint(name="foo", persist=True)
+    kept = (tmp_path / "foo.fcap").read_bytes()
+    eng.step(OBS[6])
+    eng.checkpoint(name="a", pin=True)
+    eng.checkpoint(name="b", pin=True)  # evicts foo from the pool; its file stays
+    assert [c.name for c in eng.capsules()] == ["a", "b"]
+    before = eng.capsules()
+    with pytest.raises((CapacityError, BadName)):
+        eng.checkpoint(name="foo", persist=True)
+    assert (tmp_path / "foo.fcap").read_bytes() == kept
+    assert names_in(tmp_path) == ["foo.fcap"] and eng.capsules() == before
+    eng.drop("b")  # room again: the file still refuses to be overwritten
+    with pytest.raises(BadName, match="exists"):
+        eng.checkpoint(name="foo", persist=True)
+    assert (tmp_path / "foo.fcap").read_bytes() == kept
+
+
+def test_5_full_pool_refuses_persist_before_writing(tmp_path):
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=1)
+    eng.checkpoint(name="a", pin=True)
+    with pytest.raises(CapacityError):
+        eng.checkpoint(name="new", persist=True)
+    with pytest.raises(CapacityError):
+        eng.checkpoint(persist=True)
+    assert names_in(tmp_path) == []
+
+
+def test_5_persist_never_overwrites_a_foreign_file_or_follows_a_link(tmp_path):
+    d, outside = tmp_path / "caps", tmp_path / "outside"
+    d.mkdir()
+    outside.write_bytes(b"precious")
+    (d / "taken.fcap").write_bytes(b"not a capsule, not ours")
+    (d / "link.fcap").symlink_to(outside)
+    eng = stepped(capsule_dir=d)
+    for name in ("taken", "link"):
+        with pytest.raises(BadName, match="exists"):
+            eng.checkpoint(name=name, persist=True)
+    assert (d / "taken.fcap").read_bytes() == b"not a capsule, not ours"
+    assert outside.read_bytes() == b"precious" and eng.capsules() == []
+
+
+# -- 6: pins survive a restart; a reload never evicts ----------------------------------------------
+def test_6_pins_are_persisted_and_reload_never_evicts(tmp_path):
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=4)
+    eng.checkpoint(name="old_pinned", pin=True, persist=True)
+    for i, o in enumerate(OBS[10:13]):
+        eng.step(o)
+        eng.checkpoint(name=f"n{i}", persist=True)
+    again = make_engine(capsule_dir=tmp_path, capsule_slots=2)
+    assert {c.name: c.pinned for c in again.capsules()} == {"old_pinned": True, "n2": False}
+    missing = {Path(p).name: why for p, why in again.store.not_loaded}
+    assert set(missing) == {"n0.fcap", "n1.fcap"}
+    assert all("full" in why for why in missing.values())
+    assert len(names_in(tmp_path)) == 4  # nothing deleted
+
+
+def test_6_more_pinned_files_than_slots_loads_the_newest_and_reports_the_rest(tmp_path):
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=3)
+    for i, o in enumerate(OBS[10:13]):
+        eng.step(o)
+        eng.checkpoint(name=f"p{i}", pin=True, persist=True)
+    again = make_engine(capsule_dir=tmp_path, capsule_slots=2)
+    assert [(c.name, c.pinned) for c in again.capsules()] == [("p1", True), ("p2", True)]
+    (skipped,) = again.store.not_loaded
+    assert skipped.path == tmp_path / "p0.fcap" and "capsule_slots" in skipped.reason
+    assert len(names_in(tmp_path)) == 3
+
+
+def test_6_pin_rewrites_the_file_atomically(tmp_path):
+    eng = stepped(capsule_dir=tmp_path)
+    eng.checkpoint(name="p", persist=True)
+    assert eng.pin("p").pinned
+    assert make_engine(capsule_dir=tmp_path).capsule("p").pinned
+    eng.pin("p", False)
+    assert not make_engine(capsule_dir=tmp_path).capsule("p").pinned
+    assert names_in(tmp_path) == ["p.fcap"]  # no temp file left
+
+
+def test_6_version_1_files_are_read_as_unpinned(good, tmp_path):
+    header, payload = good
+    v1 = {k: v for k, v in header.items() if k != "pinned"}
+    (tmp_path / "old.fcap").write_bytes(raw_file(v1, payload, version=1))
+    eng = make_engine(capsule_dir=tmp_path)
+    assert [(c.name, c.pinned) for c in eng.capsules()] == [("good", False)]
+    v2 = {k: v for k, v in header.items() if k != "pinned"}  # version 2 needs the field
+    (tmp_path / "new.fcap").write_bytes(raw_file(v2, payload, version=2))
+    with pytest.raises(CorruptCapsule, match="pinned"):
+        eng.load_capsule(tmp_path / "new.fcap", name="renamed")
+
+
+# -- 7: temp files, ids and renamed files ----------------------------------------------------------
+def test_7_stale_temp_files_are_cleaned_at_start_without_following_links(tmp_path):
+    d, outside = tmp_path / "caps", tmp_path / "outside.fcap.tmp1"
+    d.mkdir()
+    outside.write_bytes(b"keep")
+    stale = [".x.fcap.tmp4242", ".y.fcap.a1b2_c3.tmp"]
+    for n in stale:
+        (d / n).write_bytes(b"half a capsule")
+    (d / ".z.fcap.tmp7").symlink_to(outside)
+    (d / ".w.fcap.tmp8").mkdir()
+    (d / "notes.tmp").write_bytes(b"not ours")
+    make_engine(capsule_dir=d)
+    assert names_in(d) == [".w.fcap.tmp8", ".z.fcap.tmp7", "notes.tmp"]
+    assert outside.read_bytes() == b"keep"
+
+
+def test_7_a_failed_persist_does_not_consume_an_id(tmp_path):
+    d = tmp_path / "caps"
+    d.mkdir()
+    eng = stepped(capsule_dir=d, capsule_slots=1)
+    d.rmdir()
+    with pytest.raises(BadRequest):
+        eng.checkpoint(persist=True)
+    d.mkdir()
+    pinned = eng.checkpoint(persist=True, pin=True)
+    assert pinned.id == "c0001"
+    with pytest.raises(CapacityError):
+        eng.checkpoint(persist=True)
+    eng.drop("c0001")
+    assert eng.checkpoint(persist=True).id == "c0002"
+
+
+def test_7_drop_removes_a_renamed_file(tmp_path):
+    eng = stepped(capsule_dir=tmp_path)
+    eng.checkpoint(name="foo", persist=True)
+    eng.checkpoint(persist=True)
+    os.rename(tmp_path / "foo.fcap", tmp_path / "renamed.fcap")
+    os.rename(tmp_path / "c0002.fcap", tmp_path / "renamed2.fcap")
+    again = make_engine(capsule_dir=tmp_path)
+    again.drop("foo")
+    again.drop("c0002")
+    assert names_in(tmp_path) == []
+    assert make_engine(capsule_dir=tmp_path).capsules() == []
+
+
+def test_7_drop_of_an_evicted_id_reused_by_a_load_keeps_the_other_file(tmp_path):
+    """The store maps a live capsule to its file: an id freed by eviction and taken by a loaded
+    capsule must not delete the evicted capsule's file."""
+    d = tmp_path / "caps"
+    d.mkdir()
+    eng = stepped(capsule_dir=d, capsule_slots=1)
+    first = eng.checkpoint(persist=True)  # c0001.fcap
+    export = eng.save_capsule(first.id, tmp_path / "export.fcap")
+    eng.step(OBS[7])
+    eng.checkpoint()  # evicts c0001 (file stays)
+    other = make_engine(capsule_slots=1)
+    for o in OBS[:9]:
+        other.step(o)
+    foreign = other.save_capsule(other.checkpoint().id, tmp_path / "foreign.fcap")  # id c0001
+    eng.load_capsule(foreign)
+    eng.drop("c0001")
+    assert (d / "c0001.fcap").exists()
+    assert diskfmt.read_capsule_file(d / "c0001.fcap")[1] == diskfmt.read_capsule_file(export)[1]
+
+
+# -- 8: never hang or exhaust memory on capsule_dir contents ---------------------------------------
+@pytest.mark.timeout(30)
+def test_8_fifo_and_device_links_neither_block_nor_exhaust(tmp_path):
+    os.mkfifo(tmp_path / "fifo.fcap")
+    (tmp_path / "zero.fcap").symlink_to("/dev/zero")
+    (tmp_path / "dir.fcap").mkdir()
+    eng = make_engine(capsule_dir=tmp_path)
+    reasons = {Path(p).name: why for p, why in eng.store.not_loaded}
+    assert "regular" in reasons["fifo.fcap"] and "symlink" in reasons["zero.fcap"]
+    assert "regular" in reasons["dir.fcap"]
+    for n in ("fifo.fcap", "zero.fcap", "dir.fcap"):
+        with pytest.raises(CorruptCapsule, match=n):
+            eng.load_capsule(tmp_path / n)
+    assert eng.capsules() == []
+
+
+def test_8_sizes_are_checked_before_the_payload_is_read(good, tmp_path):
+    header, _ = good
+    big = 1 << 29  # a sparse file: 512 MiB that takes no disk
+    hb = json.dumps(dict(header, nbytes=big)).encode()
+    f = tmp_path / "sparse.fcap"
+    with open(f, "wb") as fh:
+        fh.write(diskfmt.MAGIC + struct.pack("<II", diskfmt.VERSION, len(hb)) + hb)
+        fh.truncate(16 + len(hb) + big + 32)
+    eng = make_engine()
+    tracemalloc.start()
+    try:
+        with pytest.raises(FingerprintMismatch, match="layout"):
+            eng.load_capsule(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+def _forged(header: dict, payload: bytes) -> dict[str, bytes]:
+    hjson = json.dumps(header)
+    deep = hjson[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    return {
+        "huge_stamp": raw_file(dict(header, stamp=10**400), payload),
+        "huge_step": raw_file(dict(header, step=10**400), payload),
+        "deep": raw_file(deep.encode(), payload),
+        "nan_const": raw_file(hjson.replace('"stamp": ', '"stamp": NaN, "x": ').encode(), payload),
+        "bad_utf8": raw_file(b'{"a": "\xff"}', payload),
+        "list": raw_file(b"[1, 2]", payload),
+        "layout_junk": raw_file(dict(header, layout=[{"dtype": "float32"}]), payload),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_forged({}, b"")))
+def test_8_every_malformed_header_is_a_corrupt_capsule_naming_the_file(good, tmp_path, kind):
+    header, payload = good
+    f = tmp_path / f"{kind}.fcap"
+    f.write_bytes(_forged(header, payload)[kind])
+    with pytest.raises(CorruptCapsule, match=f"{kind}.fcap"):
+        diskfmt.read_capsule_file(f)
+    eng = make_engine(capsule_dir=tmp_path)  # skipped and reported at start, never fatal
+    assert eng.capsules() == [] and [Path(p).name for p, _ in eng.store.not_loaded] == [f.name]
+
+
+def _nonfinite(header: dict, payload: bytes, value: float) -> tuple[dict, bytes]:
+    row = next(r for r in header["layout"] if r["name"] == "h")
+    state = bytearray(payload)
+    state[row["offset"] + 4 : row["offset"] + 8] = np.float32(value).tobytes()
+    checksum = to_hex(device_checksum(torch.frombuffer(bytearray(state), dtype=torch.uint8)))
+    return dict(header, checksum=checksum), bytes(state)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_8_non_finite_state_is_refused(good, tmp_path, value):
+    header, payload = _nonfinite(*good, value)
+    f = diskfmt.write_capsule_file(tmp_path / "bad.fcap", header, payload)
+    eng = make_engine()
+    with pytest.raises(CorruptCapsule, match="'h'.*(NaN|Inf)"):
+        eng.load_capsule(f)
+    assert eng.capsules() == []
+    reloaded = make_engine(capsule_dir=tmp_path)
+    assert reloaded.capsules() == [] and len(reloaded.store.not_loaded) == 1
+
+
+# -- 9: temp files are exclusive and never follow a planted link -----------------------------------
+def test_9_planted_temp_links_never_redirect_a_persist(tmp_path):
+    d, outside = tmp_path / "caps", tmp_path / "outside"
+    d.mkdir()
+    outside.write_bytes(b"precious")
+    eng = stepped(capsule_dir=d)
+    for name in ("x", "c0002"):  # the old predictable temp names, for a name and for an id
+        (d / f".{name}.fcap.tmp{os.getpid()}").symlink_to(outside)
+    eng.checkpoint(name="x", persist=True)
+    assert eng.checkpoint(persist=True).id == "c0002"
+    assert outside.read_bytes() == b"precious"
+    for name in ("x.fcap", "c0002.fcap"):
+        assert (d / name).is_file() and not (d / name).is_symlink()
+        diskfmt.read_capsule_file(d / name)
+
+
+def test_9_save_capsule_never_overwrites(tmp_path):
+    eng = stepped()
+    cap = eng.checkpoint()
+    (tmp_path / "there.fcap").write_bytes(b"mine")
+    with pytest.raises(BadRequest, match="exists"):
+        eng.save_capsule(cap.id, tmp_path / "there.fcap")
+    assert (tmp_path / "there.fcap").read_bytes() == b"mine"
+    assert names_in(tmp_path) == ["there.fcap"]
+
+
+# -- 10: symlinks in capsule_dir are refused -------------------------------------------------------
+def test_10_symlinked_capsules_are_not_loaded(tmp_path):
+    d, outside = tmp_path / "caps", tmp_path / "elsewhere"
+    d.mkdir()
+    outside.mkdir()
+    eng = stepped(capsule_dir=outside)
+    eng.checkpoint(name="far", persist=True)
+    (d / "far.fcap").symlink_to(outside / "far.fcap")
+    again = make_engine(capsule_dir=d)
+    assert again.capsules() == []
+    assert [(Path(p).name, "symlink" in why) for p, why in again.store.not_loaded] == [
+        ("far.fcap", True)
+    ]
+    with pytest.raises(CorruptCapsule, match="symlink"):
+        again.load_capsule(d / "far.fcap")
+
+
+# -- errors a caller can act on --------------------------------------------------------------------
+def test_errors_name_the_problem(tmp_path):
+    eng = stepped(capsule_dir=tmp_path)
+    cap = eng.checkpoint(name="e")
+    with pytest.raises(BadRequest, match="path"):
+        eng.save_capsule(cap.id)
+    for bad in (None, 3, b"x.fcap"):
+        with pytest.raises(BadRequest):
+            eng.save_capsule(cap.id, bad)
+        with pytest.raises(BadRequest):
+            eng.load_capsule(bad)
+    with pytest.raises(BadRequest):
+        eng.save_capsule(7, tmp_path / "seven.fcap")
+    with pytest.raises(BadName):
+        eng.load_capsule(tmp_path / "x.fcap", name=5)
+    with pytest.raises(BadName):
+        check_capsule_name("../x")
+    with pytest.raises(BadName):
+        check_session_name("a b")
+    path = eng.save_capsule("e", tmp_path / "e.export")
+    other = make_engine(policy="test.engine_util:tiny_policy")
+    with pytest.raises(FingerprintMismatch, match="fingerprint"):
+        other.load_capsule(path)
+    assert names_in(tmp_path) == ["e.export"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flashrt_ros.errors import BadRequest, CapacityError, CorruptCapsule
 from flashrt_ros.runtime.recipes import restore_regions, rollback
 from test.engine_util import make_engine, observations
 
@@ -123,7 +124,7 @@ def test_lru_eviction_order_and_pinning():
     eng.pin("d")
     eng.pin("e")
     before = eng.capsules()
-    with pytest.raises(RuntimeError, match="pinned"):
+    with pytest.raises(CapacityError, match="pinned"):
         eng.checkpoint(name="f")
     assert eng.capsules() == before
     with pytest.raises(ValueError):
@@ -164,12 +165,12 @@ def test_duplicate_names_unknown_ids_and_drop():
     with pytest.raises(ValueError, match="taken"):
         eng.checkpoint(name="home")
     before = eng.state_bytes()
-    for bad in ("nope", "", "c9999"):
-        with pytest.raises(ValueError):
+    for bad in ("nope", "", "c9999", None, ["home"]):
+        with pytest.raises(BadRequest):
             eng.restore(bad)
-        with pytest.raises(ValueError):
+        with pytest.raises(BadRequest):
             eng.branch(bad, "alt")
-        with pytest.raises(ValueError):
+        with pytest.raises(BadRequest):
             eng.drop(bad)
     assert eng.state_bytes() == before and "alt" not in eng.sessions()
     assert eng.drop("home").id == cap.id
@@ -185,7 +186,7 @@ def test_verify_detects_a_corrupted_capsule_and_changes_nothing():
     before = eng.state_bytes()
     slot = eng.pool.get(cap.id).slot
     eng.pool.slab[slot, 17] ^= 0x40
-    with pytest.raises(ValueError, match="corrupted"):
+    with pytest.raises(CorruptCapsule, match="corrupted"):
         eng.restore(cap.id, verify=True)
     assert eng.state_bytes() == before
     assert eng.session_step() == 110

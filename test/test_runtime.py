@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashrt_ros import Engine, load_policy
+from flashrt_ros.errors import BadRequest, CapacityError, UnknownReference
 from flashrt_ros.policies.hybrid import HybridPolicy
 from flashrt_ros.runtime.arena import ALIGN
 from test.engine_util import make_engine, observations
@@ -69,7 +70,11 @@ def test_policy_is_stateful():
         np.zeros(13),
         np.zeros((1, 12)),
         np.r_[np.zeros(11), 1e39],  # overflows float32
+        np.r_[np.zeros(11), 1e30],  # finite, but would overflow the state (beyond obs_limit)
         ["a"] * 12,
+        ["0.5"] * 12,  # strings are not numbers, even when they parse as one
+        [True] * 12,
+        torch.zeros(12, requires_grad=True),
         None,
     ],
 )
@@ -156,15 +161,17 @@ def test_set_goal_validated_and_applied():
 def test_sessions_limits_and_names():
     eng = make_engine(max_sessions=2)
     eng.create_session("alt")
-    with pytest.raises(RuntimeError, match="max_sessions"):
+    with pytest.raises(CapacityError, match="max_sessions"):
         eng.create_session("third")
     with pytest.raises(ValueError):
         eng.create_session("bad/name")
-    with pytest.raises(ValueError, match="unknown session"):
+    with pytest.raises(UnknownReference, match="unknown session"):
         eng.step(observations(1)[0], session="nope")
     eng.drop_session("alt")
-    with pytest.raises(ValueError):
+    with pytest.raises(BadRequest):
         eng.drop_session("main")
+    with pytest.raises(UnknownReference):
+        eng.drop_session("alt")
 
 
 def test_device_resolution():

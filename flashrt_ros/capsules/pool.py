@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,6 +18,7 @@ from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.cuda.copy import copy_bytes
+from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference
 
 
 @dataclass
@@ -32,10 +34,9 @@ class Capsule:
 
 class CapsulePool:
     def __init__(self, nbytes: int, device: torch.device, slots: int, host_slots: int = 0):
-        if slots < 1:
-            raise ValueError("capsule_slots must be at least 1")
-        if host_slots < 0:
-            raise ValueError("host_capsule_slots must be >= 0")
+        for what, v, lo in (("capsule_slots", slots, 1), ("host_capsule_slots", host_slots, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise BadRequest(f"{what} must be an integer >= {lo}, got {v!r}")
         self.nbytes = int(nbytes)
         self.device = torch.device(device)
         self.slab = torch.empty((slots, self.nbytes), dtype=torch.uint8, device=self.device)
@@ -54,14 +55,14 @@ class CapsulePool:
 
     # -- lookups -----------------------------------------------------------------------------------
     def get(self, ref: str) -> Capsule:
-        """A capsule by id or by name; ValueError when neither is live."""
+        """A capsule by id or by name; UnknownReference when neither is live."""
         if not isinstance(ref, str) or not ref:
-            raise ValueError("capsule reference must be a non-empty id or name")
+            raise BadRequest(f"capsule reference must be a non-empty id or name, got {ref!r}")
         cap = self.caps.get(ref)
         if cap is None:
             cap = next((c for c in self.caps.values() if c.info.name == ref), None)
         if cap is None:
-            raise ValueError(f"unknown capsule {ref!r} (list_capsules shows the live ones)")
+            raise UnknownReference(f"unknown capsule {ref!r} (list_capsules shows the live ones)")
         return cap
 
     def infos(self) -> list[CapsuleInfo]:
@@ -80,7 +81,7 @@ class CapsulePool:
 
     def check_name_free(self, name: str) -> None:
         if any(c.info.name == name for c in self.caps.values()):
-            raise ValueError(f"capsule name {name!r} is taken; drop that capsule first")
+            raise BadName(f"capsule name {name!r} is taken; drop that capsule first")
 
     def new_id(self) -> str:
         while True:
@@ -94,7 +95,7 @@ class CapsulePool:
             return self.free.pop()
         victims = [c for c in self.caps.values() if c.slot is not None and not c.info.pinned]
         if not victims:
-            raise RuntimeError(
+            raise CapacityError(
                 f"capsule pool full: all {self.slab.shape[0]} slots hold pinned capsules; "
                 "unpin or drop one, or raise capsule_slots"
             )
@@ -196,6 +197,34 @@ class CapsulePool:
     def set_pinned(self, ref: str, pinned: bool) -> CapsuleInfo:
         cap = self.get(ref)
         if pinned and cap.slot is None:
-            raise ValueError(f"capsule {cap.info.id} lives in the host tier; restore it first")
+            raise BadRequest(f"capsule {cap.info.id} lives in the host tier; restore it first")
         cap.info = replace(cap.info, pinned=bool(pinned))
         return self.info(cap)
+
+    # -- for the disk tier (a persist checks everything before it writes a file) ----------------
+    def free_slots(self) -> int:
+        """Device slots a put takes without evicting anybody (a reload fills only these)."""
+        return len(self.free)
+
+    def has_room(self) -> bool:
+        """Whether a put finds a slot: a free one, or one an unpinned capsule can give up."""
+        return bool(self.free) or any(
+            c.slot is not None and not c.info.pinned for c in self.caps.values()
+        )
+
+    def peek_id(self, skip: Callable[[str], bool] = lambda cid: False) -> str:
+        """The next fresh id (not live, `skip(id)` false) without using it up, so a refused
+        persist consumes none; put(cid=...) then claim_id(cid) take it."""
+        n = next(self._ids)
+        self._ids = itertools.count(n)
+        while True:
+            cid = f"c{n:04d}"
+            if cid not in self.caps and not skip(cid):
+                return cid
+            n += 1
+
+    def claim_id(self, cid: str) -> None:
+        """Let new_id() continue after `cid` (an id given to put), so ids are never reissued."""
+        if cid[:1] == "c" and cid[1:].isdigit():
+            n = next(self._ids)
+            self._ids = itertools.count(max(n, int(cid[1:]) + 1))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
+import math
 from pathlib import Path
 
 import torch
 
+from flashrt_ros.errors import BadRequest
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.policies.hybrid import HybridConfig, HybridPolicy
 
@@ -24,13 +27,36 @@ def load_hybrid_weights(policy: HybridPolicy, path: str | Path) -> None:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         sd = blob["state_dict"]
     except FileNotFoundError:
-        raise ValueError(f"weights file not found: {path}") from None
+        raise BadRequest(f"weights file not found: {path}") from None
     except Exception as e:
-        raise ValueError(f"{path}: not a flashrt hybrid weights file ({e})") from e
+        raise BadRequest(f"{path}: not a flashrt hybrid weights file ({e})") from e
     try:
         policy.load_state_dict(sd)
     except RuntimeError as e:
-        raise ValueError(f"{path}: weights do not fit {policy.policy_id}: {e}") from e
+        raise BadRequest(f"{path}: weights do not fit {policy.policy_id}: {e}") from e
+
+
+def _hybrid_config(overrides: dict) -> HybridConfig:
+    """HybridConfig from keyword overrides, each checked (an int field takes a positive int, a
+    float field a finite number >= 0), so a bad override is a BadRequest, not a TypeError deep in
+    module construction."""
+    fields = {f.name: f for f in dataclasses.fields(HybridConfig)}
+    for k, v in overrides.items():
+        if k not in fields:
+            raise BadRequest(f"builtin:hybrid: unknown override {k!r} (known: {', '.join(fields)})")
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise BadRequest(f"builtin:hybrid: {k} must be a number, got {v!r}")
+        if isinstance(getattr(HybridConfig, k), int):
+            if not isinstance(v, int) or v < 1:
+                raise BadRequest(f"builtin:hybrid: {k} must be an integer >= 1, got {v!r}")
+        elif not math.isfinite(v) or v < 0:
+            raise BadRequest(f"builtin:hybrid: {k} must be finite and >= 0, got {v!r}")
+    cfg = HybridConfig(**overrides)
+    if cfg.d_model % cfg.n_heads:
+        raise BadRequest(
+            f"builtin:hybrid: d_model={cfg.d_model} must be a multiple of n_heads={cfg.n_heads}"
+        )
+    return cfg
 
 
 def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **overrides) -> Policy:
@@ -43,14 +69,16 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
     - a path to a .pt2 file saved with torch.export: served through ExportedPolicy.
     """
     if not isinstance(spec, str) or not spec:
-        raise ValueError("policy spec must be a non-empty string")
+        raise BadRequest(f"policy spec must be a non-empty string, got {spec!r}")
+    if weights is not None and not isinstance(weights, str | Path):
+        raise BadRequest(f"weights must be a path or None, got {weights!r}")
     if spec == "builtin:hybrid":
-        try:
-            cfg = HybridConfig(**overrides)
-        except TypeError as e:
-            raise ValueError(f"builtin:hybrid: bad override ({e})") from e
+        cfg = _hybrid_config(overrides)
         torch.manual_seed(0)
-        policy = HybridPolicy(cfg)
+        try:
+            policy = HybridPolicy(cfg)
+        except Exception as e:  # e.g. d_model not divisible by n_heads
+            raise BadRequest(f"builtin:hybrid: overrides do not make a policy ({e})") from e
         shapes_fixed = {k: v for k, v in overrides.items() if k not in ("kv_len", "noise_std")}
         path = Path(weights) if weights else BUILTIN_WEIGHTS
         if weights or (not shapes_fixed and BUILTIN_WEIGHTS.exists()):
@@ -59,27 +87,32 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
             log.warning("no trained weights at %s: builtin:hybrid runs with seeded init", path)
         return policy.eval()
     if spec.startswith("builtin:"):
-        raise ValueError(f"unknown builtin policy {spec!r} (known: builtin:hybrid)")
+        raise BadRequest(f"unknown builtin policy {spec!r} (known: builtin:hybrid)")
     if spec.endswith(".pt2") or Path(spec).is_file():
         from flashrt_ros.policies.exported import ExportedPolicy
 
         if not Path(spec).is_file():
-            raise ValueError(f"policy file not found: {spec}")
-        return ExportedPolicy(spec).eval()
+            raise BadRequest(f"policy file not found: {spec}")
+        try:
+            return ExportedPolicy(spec).eval()
+        except BadRequest:
+            raise
+        except ValueError as e:  # its checks say what is wrong with the program: keep that
+            raise BadRequest(str(e)) from e
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         try:
             factory = getattr(importlib.import_module(mod_name), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load policy factory {spec!r}: {e}") from e
+            raise BadRequest(f"cannot load policy factory {spec!r}: {e}") from e
         try:
             policy = factory(**overrides)
         except Exception as e:
-            raise ValueError(f"policy factory {spec!r} failed: {e}") from e
+            raise BadRequest(f"policy factory {spec!r} failed: {e}") from e
         if not isinstance(policy, Policy):
-            raise ValueError(f"{spec!r} returned {type(policy).__name__}, not a flashrt Policy")
+            raise BadRequest(f"{spec!r} returned {type(policy).__name__}, not a flashrt Policy")
         return policy.eval()
-    raise ValueError(
+    raise BadRequest(
         f"policy spec {spec!r} is neither 'builtin:hybrid', 'package.module:factory' "
         "nor a path to a .pt2 file"
     )

@@ -2,11 +2,17 @@
 
 Every public method runs between two steps, so each one *is* a commit boundary. The Engine is
 not thread safe: one thread (the node's control loop) drives it.
+
+Errors (flashrt_ros/errors.py): every argument is checked up front, and a bad one raises a
+BadRequest (a ValueError) that changed nothing; a limit raises CapacityError (a RuntimeError). A
+step that fails on the device or returns a non-finite action raises StepFault and poisons its
+session: it refuses to step or be checkpointed until a restore or branch into it, or reset().
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -15,12 +21,22 @@ import torch
 
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
-from flashrt_ros.capsules.names import check_capsule_name, check_session_name
+from flashrt_ros.capsules.names import check_capsule_name, check_session_name, is_capsule_id
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
-from flashrt_ros.capsules.store import CapsuleStore
+from flashrt_ros.capsules.store import CapsuleStore, check_path
 from flashrt_ros.cuda.copy import copy_bytes, copy_io
+from flashrt_ros.errors import (
+    BadName,
+    BadRequest,
+    CapacityError,
+    CorruptCapsule,
+    StepFault,
+    UnknownReference,
+)
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
+from flashrt_ros.runtime.flight import check_int, check_ticks, held_step, nonfinite_regions
+from flashrt_ros.runtime.graph import StepPlan
 from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
@@ -28,38 +44,113 @@ log = logging.getLogger(__name__)
 SPIN_WAIT_S = 0.002  # a step's wait polls (holding the GIL) up to this long, then blocks
 
 
-def resolve_device(device: str) -> torch.device:
+SCRATCH = "_scratch"  # the internal what-if session: not listed, not counted in max_sessions
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
     """'auto' picks CUDA when present; a CUDA request on a machine without one is an error."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise BadRequest(f"device must be a string (auto, cpu, cuda or cuda:N), got {device!r}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"bad device {device!r}: use auto, cpu, cuda or cuda:N") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available here")
+        raise BadRequest(f"bad device {device!r}: use auto, cpu, cuda or cuda:N") from e
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
+        raise BadRequest(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadRequest(f"device {device!r} asked for, but CUDA is not available here")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        raise BadRequest(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 
-def _vector(x, n: int, what: str) -> np.ndarray:
-    """A finite float32 vector of length n, or ValueError; never touches a device buffer."""
+def _int(x, what: str, lo: int, hi: int = 2**63 - 1) -> int:
+    """An int (numpy ints too, bools not: True is no slot count) in [lo, hi], or BadRequest."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise BadRequest(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+    if not lo <= int(x) <= hi:
+        raise BadRequest(f"{what} must be in [{lo}, {hi}], got {int(x)}")
+    return int(x)
+
+
+def _bool(x, what: str) -> bool:
+    """A bool (numpy's too); 0/1 or "true" are refused so a swapped argument is caught."""
+    if not isinstance(x, bool | np.bool_):
+        raise BadRequest(f"{what} must be True or False, got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
+def _limit(x) -> float:
+    """obs_limit: a finite positive real number (strings and bools refused)."""
+    if isinstance(x, bool | np.bool_) or not isinstance(x, int | float | np.integer | np.floating):
+        raise BadRequest(f"obs_limit must be a number, got {type(x).__name__} {x!r}")
+    v = float(x)
+    if not math.isfinite(v) or v <= 0:
+        raise BadRequest(f"obs_limit must be finite and > 0, got {v}")
+    return v
+
+
+def _ref(x, what: str) -> str:
+    """A session or capsule reference: a non-empty string (a list or None is a bad request, not
+    a TypeError from a dict lookup)."""
+    if not isinstance(x, str) or not x:
+        raise BadRequest(f"{what} must be a non-empty string, got {type(x).__name__} {x!r}")
+    return x
+
+
+_NOT_NUMBERS = (bool, np.bool_, str, bytes)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _numeric(x, what: str) -> np.ndarray:
+    """x as a float64 array: numbers only (no strings, bools, objects, grad-tracking tensors)."""
+    if type(x) is np.ndarray and x.dtype.kind == "f":  # the common case, kept cheap
+        return x.astype(np.float64, copy=False)
+    if isinstance(x, torch.Tensor):
+        if x.requires_grad:
+            raise BadRequest(f"{what} is a tensor that requires grad; pass it .detach()ed")
+        try:
+            x = x.detach().cpu().numpy()
+        except (TypeError, RuntimeError) as e:
+            raise BadRequest(f"{what}: cannot read this tensor ({e})") from None
+    elif isinstance(x, list | tuple):
+        bad = next((v for v in x if isinstance(v, _NOT_NUMBERS)), None)
+        if bad is not None:
+            raise BadRequest(f"{what} holds {type(bad).__name__} {bad!r}, not a number")
+    elif isinstance(x, str | bytes) or x is None:
+        raise BadRequest(f"{what} must be numbers, got {type(x).__name__}")
     try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{what} is not numeric: {e}") from None
-    if a.ndim != 1 or a.shape[0] != n:
-        raise ValueError(f"{what} must have shape ({n},), got {a.shape}")
-    if not np.isfinite(a).all():
-        raise ValueError(f"{what} has NaN or Inf at index {int(np.argmin(np.isfinite(a)))}")
-    with np.errstate(over="ignore"):
-        f = a.astype(np.float32)
-    if not np.isfinite(f).all():
-        raise ValueError(f"{what} overflows float32")
-    return f
+        a = np.asarray(x)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise BadRequest(f"{what} is not numeric: {e}") from None
+    if a.dtype.kind not in "iuf":
+        raise BadRequest(f"{what} must be real numbers, got dtype {a.dtype}")
+    return a.astype(np.float64, copy=False)
+
+
+def _vector(x, n: int, what: str, limit: float = math.inf) -> np.ndarray:
+    """A finite float32 vector of length n with every |value| <= limit, or BadRequest; never
+    touches a device buffer."""
+    a = _numeric(x, what)
+    if a.shape != (n,):
+        raise BadRequest(f"{what} must have shape ({n},), got {a.shape}")
+    peak = float(np.abs(a).max()) if n else 0.0
+    if not peak <= min(limit, _F32_MAX):  # one reduction; NaN fails every comparison
+        if not np.isfinite(a).all():
+            raise BadRequest(f"{what} has NaN or Inf at index {int(np.argmin(np.isfinite(a)))}")
+        if peak > limit:
+            i = int(np.argmax(np.abs(a) > limit))
+            raise BadRequest(
+                f"{what}[{i}] = {a[i]:g} is beyond the bound |x| <= {limit:g} (obs_limit)"
+            )
+        raise BadRequest(f"{what} overflows float32")
+    return a.astype(np.float32)
 
 
 class Engine:
@@ -76,12 +167,27 @@ class Engine:
         max_sessions: int = 4,
         use_graph: bool = True,
         fuse: bool | None = None,
+        obs_limit: float = 1000.0,
+        flight_ticks: int = 0,
     ):
         """`use_graph` captures the step as a CUDA graph (CUDA only); `fuse` compiles it with
         inductor before capture (default: on CUDA when capturing) so the graph holds fewer,
-        fused kernels."""
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+        fused kernels. `obs_limit` bounds every observation and goal value (|x| <= obs_limit):
+        a finite but huge input (1e30) would overflow the state to Inf/NaN for good, so it is
+        refused like a NaN. Every argument is checked before anything is allocated."""
+        if not isinstance(policy, Policy):
+            raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
+        seed = _int(seed, "seed", -(2**63), 2**63 - 1)
+        capsule_slots = _int(capsule_slots, "capsule_slots", 1, 1 << 20)
+        host_capsule_slots = _int(host_capsule_slots, "host_capsule_slots", 0, 1 << 20)
+        max_sessions = _int(max_sessions, "max_sessions", 1, 1 << 16)
+        use_graph = _bool(use_graph, "use_graph")
+        if fuse is not None:
+            fuse = _bool(fuse, "fuse")
+        if capsule_dir is not None and not isinstance(capsule_dir, str | Path):
+            raise BadRequest(f"capsule_dir must be a path or None, got {capsule_dir!r}")
+        self.obs_limit = _limit(obs_limit)
+        self.flight_ticks = check_ticks(flight_ticks)  # per user session; see flight()
         self.device = resolve_device(device)
         if self.device.type == "cpu" and torch.get_num_threads() > 1:
             # A step is a few hundred tiny ops: intra-op threads only add handoffs (measured on
@@ -103,9 +209,21 @@ class Engine:
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
-        self.pool = CapsulePool(self.state_nbytes, self.device, capsule_slots, host_capsule_slots)
+        try:
+            self.pool = CapsulePool(
+                self.state_nbytes, self.device, capsule_slots, host_capsule_slots
+            )
+        except RuntimeError as e:  # out of (device or pinned) memory for the slabs
+            raise CapacityError(
+                f"cannot allocate {capsule_slots} + {host_capsule_slots} capsule slots of "
+                f"{self.state_nbytes} bytes: {e}; lower capsule_slots or host_capsule_slots"
+            ) from e
         self._sessions: dict[str, Session] = {}
+        self._poison: dict[str, str] = {}  # session -> why it may not step ("" never stored)
         self._scratch: torch.Tensor | None = None
+        # the floating-point regions a checkpoint checks for NaN/Inf
+        self._float_regions = [e.name for e in self.spec if e.dtype.is_floating_point]
+        self._probes: dict[str, tuple[Session, StepPlan, torch.Tensor]] = {}
         self.store = CapsuleStore(
             capsule_dir,
             fingerprint=self.fingerprint,
@@ -116,7 +234,7 @@ class Engine:
         main = self.create_session("main")
         if on_cuda:  # build the checksum kernel now, not during the first checkpoint request
             device_checksum(main.arena.buf)
-        self.store.reload(self.load_capsule)
+        self.store.reload(self.load_capsule, room=self.pool.free_slots)
 
     # -- sessions ----------------------------------------------------------------------------------
     @property
@@ -132,66 +250,145 @@ class Engine:
         return self.policy.goal_dim
 
     def sessions(self) -> list[str]:
-        return list(self._sessions)
+        """The user sessions (the internal scratch session is not listed)."""
+        return [n for n in self._sessions if not n.startswith("_")]
 
     def session(self, name: str) -> Session:
-        s = self._sessions.get(name)
+        s = self._sessions.get(_ref(name, "session"))
         if s is None:
-            raise ValueError(f"unknown session {name!r} (sessions: {', '.join(self._sessions)})")
+            raise UnknownReference(
+                f"unknown session {name!r} (sessions: {', '.join(self.sessions())})"
+            )
         return s
+
+    def _user_name(self, name: str) -> str:
+        """A name a user may create: the pattern, and no leading '_' (reserved for internals)."""
+        if not isinstance(name, str):
+            raise BadName(f"session name must be a string, got {type(name).__name__} {name!r}")
+        if name.startswith("_"):
+            raise BadName(f"session name {name!r}: names starting with '_' are reserved")
+        check_session_name(name)
+        return name
+
+    def _room_for(self, name: str) -> None:
+        """CapacityError when creating user session `name` would exceed max_sessions."""
+        if name not in self._sessions and len(self.sessions()) >= self.max_sessions:
+            raise CapacityError(
+                f"max_sessions={self.max_sessions} reached; drop a session or raise max_sessions"
+            )
 
     def create_session(self, name: str) -> Session:
         """A fresh session (initial state, its own captured step)."""
-        check_session_name(name)
+        self._user_name(name)
         if name in self._sessions:
-            raise ValueError(f"session {name!r} already exists")
-        if len(self._sessions) >= self.max_sessions:
-            raise RuntimeError(
-                f"max_sessions={self.max_sessions} reached; drop a session or raise max_sessions"
-            )
-        s = Session(name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse)
+            raise BadName(f"session {name!r} already exists")
+        self._room_for(name)
+        return self._new_session(name)
+
+    def _new_session(self, name: str) -> Session:
+        ticks = 0 if name.startswith("_") else self.flight_ticks  # no ring for internal sessions
+        s = Session(
+            name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse, ticks
+        )
         self._sessions[name] = s
         return s
 
     def drop_session(self, name: str) -> None:
-        if name == "main":
-            raise ValueError("session 'main' cannot be dropped")
         self.session(name)
+        if name == "main":
+            raise BadRequest("session 'main' cannot be dropped")
+        if name.startswith("_"):
+            raise BadName(f"session {name!r} is internal and cannot be dropped")
         del self._sessions[name]
+        self._poison.pop(name, None)
+        self._probes.pop(name, None)
 
     def session_step(self, session: str = "main") -> int:
         return self.session(session).steps
 
+    def poisoned(self, session: str = "main") -> str:
+        """Why the session may not step ("" when healthy): a step produced a non-finite action or
+        failed on the device. A restore or branch into it, or reset(), clears it."""
+        self.session(session)
+        return self._poison.get(session, "")
+
+    def reset(self, session: str = "main") -> None:
+        """Put a session back to its initial state (as created: zeros, the policy's init with the
+        engine's seed, the meta row, step 0, no parent) without recapturing; clears a poison."""
+        s = self.session(session)
+        with torch.no_grad():
+            s.arena.buf.zero_()
+            self.policy.init_state(s.views, self.seed)
+            s.views["meta"][0, 0] = self.seed
+        s.steps, s.parent_id = 0, ""
+        self._replaced(s)
+
+    def fork_scratch(self, session: str | None = None, capsule: str | None = None) -> str:
+        """Copy a session's current state (default "main"), or a capsule, into the internal
+        scratch session and return its name, for what-if rollouts: it is not listed by
+        sessions(), does not count against max_sessions, and takes no pool slot. Its step is
+        captured once, on first use."""
+        if session is not None and capsule is not None:
+            raise BadRequest("fork_scratch takes a session or a capsule, not both")
+        if capsule is not None:
+            cap = self.pool.get(_ref(capsule, "capsule"))
+            s = self._sessions.get(SCRATCH) or self._new_session(SCRATCH)
+            self._copy_in(cap, s, verify=False)
+        else:
+            self._copy(self.session("main" if session is None else session), SCRATCH)
+        return SCRATCH
+
+    def _replaced(self, s: Session) -> None:
+        """The arena was rewritten by something other than a step: a new line of steps starts
+        there, and whatever poisoned the old state is gone."""
+        self._poison.pop(s.name, None)
+        s.state_replaced()
+
+    def _live(self, name: str) -> Session:
+        """The session, if it may step; StepFault (saying how to recover) when poisoned."""
+        s = self.session(name)
+        why = self._poison.get(s.name)
+        if why:
+            raise StepFault(
+                f"session {s.name!r} is poisoned ({why}); it will not step until a capsule is "
+                "restored or branched into it, or it is reset"
+            )
+        return s
+
     # -- stepping ----------------------------------------------------------------------------------
     def step(self, obs, session: str = "main") -> np.ndarray:
-        """One replay of the session's step; returns the action (float64 copy)."""
-        s = self.session(session)
-        self._tick(s, _vector(obs, self.obs_dim, "observation"), chunk=False)
+        """One replay of the session's step; returns the action (float64 copy). A non-finite
+        action, or a device failure, raises StepFault and poisons the session."""
+        s = self._live(session)
+        self._tick(s, self._obs(obs), chunk=False)
         return s.action_np.astype(np.float64)
 
     def step_with_chunk(self, obs, session: str = "main") -> tuple[np.ndarray, np.ndarray]:
         """step() plus the action chunk of this step, (chunk_len, action_dim), in one sync."""
-        s = self.session(session)
-        self._tick(s, _vector(obs, self.obs_dim, "observation"), chunk=True)
+        s = self._live(session)
+        self._tick(s, self._obs(obs), chunk=True)
         return s.action_np.astype(np.float64), s.chunk_np.astype(np.float64)
 
+    def _obs(self, obs, what: str = "observation") -> np.ndarray:
+        return _vector(obs, self.obs_dim, what, self.obs_limit)
+
     def check_observations(self, observations) -> np.ndarray:
-        """Rows of observations as float32 (n, obs_dim), or ValueError naming the bad row."""
-        try:
-            rows = np.asarray(observations, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"observations are not numeric: {e}") from None
+        """Rows of observations as float32 (n, obs_dim), or BadRequest naming the bad row."""
+        if isinstance(observations, list | tuple) and all(
+            isinstance(r, list | tuple) for r in observations
+        ):  # rows of Python numbers: check each row's elements (bools, strings) too
+            for i, r in enumerate(observations):
+                _numeric(r, f"observation row {i}")
+        rows = _numeric(observations, "observations")
         if rows.ndim != 2 or rows.shape[1] != self.obs_dim or rows.shape[0] == 0:
-            raise ValueError(
+            raise BadRequest(
                 f"observations must have shape (n>0, {self.obs_dim}), got {rows.shape}"
             )
-        return np.stack(
-            [_vector(r, self.obs_dim, f"observation row {i}") for i, r in enumerate(rows)]
-        )
+        return np.stack([self._obs(r, f"observation row {i}") for i, r in enumerate(rows)])
 
     def rollout(self, observations, session: str = "main") -> np.ndarray:
         """Step through rows of observations; every row is checked before the first step."""
-        s = self.session(session)
+        s = self._live(session)
         rows = self.check_observations(observations)
         out = np.empty((len(rows), self.action_dim), dtype=np.float64)
         for i, x in enumerate(rows):
@@ -200,21 +397,39 @@ class Engine:
         return out
 
     def _tick(self, s: Session, x: np.ndarray, chunk: bool) -> None:
-        """Stage a checked observation, replay, and bring the outputs to the host buffers."""
+        """Stage a checked observation, replay, and bring the outputs to the host buffers; then
+        check the host action (and chunk) for NaN/Inf, which costs no sync: they are already
+        on the host. A fault poisons the session, so nothing non-finite ever reaches a robot."""
         np.copyto(s.obs_np, x)
-        if self._stream is None:
-            s.plan.replay()
-        elif s.io_in_graph:  # the graph uploads obs and downloads action and chunk itself
-            s.plan.replay()
-            self._wait()
-        else:
-            copy_io(s.obs, s.host_obs)
-            s.plan.replay()
-            copy_io(s.host_action, s.action)
-            if chunk:
-                copy_io(s.host_chunk, s.chunk)
-            self._wait()
+        try:
+            if self._stream is None:
+                s.plan.replay()
+            elif s.io_in_graph:  # the graph uploads obs and downloads action and chunk itself
+                s.plan.replay()
+                self._wait()
+            else:
+                copy_io(s.obs, s.host_obs)
+                s.plan.replay()
+                copy_io(s.host_action, s.action)
+                if chunk:
+                    copy_io(s.host_chunk, s.chunk)
+                self._wait()
+        except Exception as e:  # CUDA error, out of memory, a failing policy: not a bad request
+            why = f"step {s.steps + 1} failed: {type(e).__name__}: {e}"
+            self._poison[s.name] = why
+            raise StepFault(
+                f"session {s.name!r}: {why}; the session is poisoned until a capsule is "
+                "restored or branched into it, or it is reset"
+            ) from e
         s.steps += 1
+        if not np.isfinite(s.action_np).all() or (chunk and not np.isfinite(s.chunk_np).all()):
+            what = "action" if not np.isfinite(s.action_np).all() else "action chunk"
+            why = f"non-finite {what} at step {s.steps}"
+            self._poison[s.name] = why
+            raise StepFault(
+                f"session {s.name!r}: {why}; the session is poisoned until a capsule is "
+                "restored or branched into it, or it is reset"
+            )
 
     def _wait(self) -> None:
         """Wait for the stream, first by polling an event while holding the GIL.
@@ -233,7 +448,7 @@ class Engine:
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
         s = self.session(session)
-        g = _vector(goal, self.goal_dim, "goal")
+        g = _vector(goal, self.goal_dim, "goal", self.obs_limit)
         s.views["goal"][0].copy_(torch.from_numpy(g))
 
     def get_goal(self, session: str = "main") -> np.ndarray:
@@ -254,16 +469,34 @@ class Engine:
         pin: bool = False,
         persist: bool = False,
     ) -> CapsuleInfo:
-        """Freeze the session's state with one device copy into the pool."""
+        """Freeze the session's state with one device copy into the pool. A poisoned session, or
+        a state holding NaN/Inf in a floating-point region, is refused: every capsule in the pool
+        is finite by construction (files are checked on load), so a restore can never bring a
+        non-finite state back unless the stored bytes changed, which verify catches."""
         s = self.session(session)
+        if name is not None and not isinstance(name, str):
+            raise BadName(f"capsule name must be a string or None, got {name!r}")
+        pin, persist = _bool(pin, "pin"), _bool(persist, "persist")
+        if self._poison.get(s.name):
+            raise BadRequest(
+                f"session {s.name!r} is poisoned ({self._poison[s.name]}): its state is not "
+                "worth keeping; restore, branch into or reset it first"
+            )
+        self._check_finite(s)
         name = name or ""
         cid, path, stamp = None, None, None
         if persist:
-            # the file is written first: a failed write leaves the pool exactly as it was
+            # everything that can refuse is checked, then the file is written, then the pool
+            # takes the capsule: a refused call changes nothing, on disk included
             self.store.require_folder()
             if name:
                 check_capsule_name(name)
                 self.pool.check_name_free(name)
+            if not self.pool.has_room():
+                raise CapacityError(
+                    f"capsule pool full: all {self.pool.slab.shape[0]} slots hold pinned "
+                    "capsules; unpin or drop one, or raise capsule_slots"
+                )
             cid, stamp = self._fresh_id(), time.time()
             info = CapsuleInfo(
                 id=cid,
@@ -277,7 +510,7 @@ class Engine:
                 pinned=pin,
                 stamp=stamp,
             )
-            path = self.store.persist(info, s.arena.buf)
+            path = self.store.persist(info, s.arena.buf)  # BadName when the file exists
         try:
             cap = self.pool.put(
                 s.arena.buf,
@@ -289,9 +522,11 @@ class Engine:
                 cid=cid,
                 stamp=stamp,
             )
-        except (ValueError, RuntimeError):
+            if cid is not None:
+                self.pool.claim_id(cid)
+        except BaseException:
             if path is not None:
-                self.store.discard(path)
+                self.store.discard(info)  # only the file this call created
             raise
         if self.pool.evicted:
             log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
@@ -299,18 +534,26 @@ class Engine:
         return self.pool.info(cap)
 
     def restore(self, capsule: str, session: str = "main", verify: bool = True) -> CapsuleInfo:
-        """Bring a capsule back into a session with one copy; the continuation is identical."""
+        """Bring a capsule back into a session with one copy; the continuation is identical.
+        Clears a poison: the capsule was finite when taken (checkpoint refuses NaN/Inf) and
+        verify proves its bytes are still the ones taken."""
         s = self.session(session)
         cap = self.pool.get(capsule)
-        self._copy_in(cap, s, verify)
+        self._copy_in(cap, s, _bool(verify, "verify"))
         return self.pool.info(cap)
 
     def branch(self, capsule: str, session: str, goal=None) -> CapsuleInfo:
-        """Fork a capsule into `session`, creating it (up to max_sessions) or overwriting it."""
-        check_session_name(session)
+        """Fork a capsule into `session`, creating it (up to max_sessions) or overwriting it.
+        Everything is checked before a session is created or a byte is copied."""
+        self._user_name(session)
         cap = self.pool.get(capsule)
-        g = None if goal is None or len(goal) == 0 else _vector(goal, self.goal_dim, "goal")
-        s = self._sessions.get(session) or self.create_session(session)
+        g = None
+        if goal is not None:
+            a = _numeric(goal, "goal")
+            if not (a.ndim == 1 and a.size == 0):  # an empty goal means "keep the capsule's"
+                g = _vector(a, self.goal_dim, "goal", self.obs_limit)
+        self._room_for(session)
+        s = self._sessions.get(session) or self._new_session(session)
         self._copy_in(cap, s, verify=False)
         if g is not None:
             s.views["goal"][0].copy_(torch.from_numpy(g))
@@ -320,11 +563,47 @@ class Engine:
         """Fork a session's current state into `dst` (created if needed) with one copy, without
         using a pool slot (a scratch fork must not evict anybody's capsule)."""
         a = self.session(src)
-        check_session_name(dst)
-        b = self._sessions.get(dst) or self.create_session(dst)
-        if b is not a:
-            copy_bytes(b.arena.buf, a.arena.buf)
-            b.steps, b.parent_id = a.steps, a.parent_id
+        self._user_name(dst)
+        self._room_for(dst)
+        self._copy(a, dst)
+
+    def _copy(self, a: Session, dst: str) -> None:
+        """dst (created without limits: callers checked) <- a's arena; a poison goes along."""
+        b = self._sessions.get(dst) or self._new_session(dst)
+        if b is a:
+            return
+        copy_bytes(b.arena.buf, a.arena.buf)
+        b.steps, b.parent_id = a.steps, a.parent_id
+        self._replaced(b)
+        if self._poison.get(a.name):
+            self._poison[b.name] = self._poison[a.name]
+
+    def _check_finite(self, s: Session) -> None:
+        """BadRequest naming the floating-point regions that hold NaN/Inf. On CUDA the check
+        (two kernels a region) is a graph captured once per session, so it costs one launch and
+        one small readback (eager, it cost ~0.5 ms of launches on an H200)."""
+        names = self._float_regions
+        if not names:
+            return
+        probe = self._probes.get(s.name)
+        if probe is None or probe[0] is not s:
+            out = torch.ones(len(names), dtype=torch.bool, device=self.device)
+            views = [s.views[n] for n in names]
+
+            def check() -> None:
+                torch.stack([torch.isfinite(v).all() for v in views], out=out)
+
+            plan = StepPlan(check, self.device, self.use_graph)
+            plan.capture([])
+            probe = self._probes[s.name] = (s, plan, out)
+        probe[1].replay()
+        ok = probe[2].cpu().tolist()
+        bad = [n for n, good in zip(names, ok, strict=True) if not good]
+        if bad:
+            raise BadRequest(
+                f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
+                "checkpoint it (restore, branch into or reset the session)"
+            )
 
     def capsules(self) -> list[CapsuleInfo]:
         return self.pool.infos()
@@ -336,11 +615,22 @@ class Engine:
         """Drop a capsule; a persisted one loses its file in capsule_dir too (first, so a
         failing unlink leaves everything in place)."""
         cap = self.pool.get(capsule)
-        self.store.remove(cap.info.id)
+        self.store.remove(self.pool.info(cap))
         return self.pool.drop(cap.info.id)
 
     def pin(self, capsule: str, pinned: bool = True) -> CapsuleInfo:
-        return self.pool.set_pinned(capsule, pinned)
+        """Pin or unpin; a persisted capsule's file gets the new pin too (atomic rewrite), so
+        a restart keeps it. A failed rewrite leaves the pin as it was."""
+        pinned = _bool(pinned, "pinned")
+        before = self.pool.get(capsule).info.pinned
+        info = self.pool.set_pinned(capsule, pinned)
+        if pinned != before:
+            try:
+                self.store.repin(info)
+            except BaseException:
+                self.pool.set_pinned(info.id, before)
+                raise
+        return info
 
     def _copy_in(self, cap: Capsule, s: Session, verify: bool) -> None:
         """One copy into the arena; with verify, the arena's checksum after the copy must be the
@@ -353,39 +643,153 @@ class Engine:
         self.pool.copy_out(cap, s.arena.buf)
         if verify and not self.pool.matches(cap, s.arena.buf):
             copy_bytes(s.arena.buf, self._scratch)
-            raise ValueError(
+            raise CorruptCapsule(
                 f"capsule {cap.info.id} is corrupted: its bytes no longer match the checksum "
                 "taken at checkpoint; state left unchanged"
             )
         s.steps = cap.info.step
         s.parent_id = cap.info.id
+        self._replaced(s)
 
     # -- disk tier ---------------------------------------------------------------------------------
-    def save_capsule(self, capsule: str, path: str | Path) -> Path:
-        """Write a capsule to a file (atomic); returns the path."""
-        cap = self.pool.get(capsule)
-        return self.store.write(Path(path), self.pool.info(cap), self.pool.source(cap))
+    def save_capsule(self, capsule: str, path: str | Path | None = None) -> Path:
+        """Write a capsule to a new file (atomic; an existing file is never replaced); returns
+        the path."""
+        if path is None:
+            raise BadRequest("save_capsule needs the path of the file to write")
+        path = check_path(path)
+        cap = self.pool.get(_ref(capsule, "capsule"))
+        return self.store.write(path, self.pool.info(cap), self.pool.source(cap), overwrite=False)
 
     def _fresh_id(self) -> str:
-        """An id free in the pool and, for persisted capsules, in capsule_dir."""
-        while True:
-            cid = self.pool.new_id()
-            if not self.store.id_taken(cid):
-                return cid
+        """The next id free in the pool, among live names and in capsule_dir. Not used up
+        here: checkpoint claims it once the pool took the capsule."""
+        names = {c.info.name for c in self.pool.caps.values()}
+        return self.pool.peek_id(lambda cid: cid in names or self.store.id_taken(cid))
 
     def load_capsule(self, path: str | Path, name: str | None = None) -> CapsuleInfo:
-        """Read a capsule file into the pool after checking every field against this engine."""
+        """Read a capsule file into the pool after checking every field against this engine;
+        it keeps its pin. The file's id is kept when it is a free capsule id (else a fresh one);
+        a file of capsule_dir is the capsule's file from now on (drop removes it)."""
+        path = check_path(path)
+        if name is not None and not isinstance(name, str):
+            raise BadName(f"capsule name must be a string or None, got {name!r}")
+        if name:
+            check_capsule_name(name)
+            self.pool.check_name_free(name)
         header, host = self.store.read(path)
         label = header["name"] if name is None else name
         if label:
             check_capsule_name(label)
+            self.pool.check_name_free(label)
+        if header["pinned"] and not self.pool.has_room():
+            raise CapacityError(
+                f"{path}: a pinned capsule needs a slot, and all {self.pool.slab.shape[0]} "
+                "hold pinned capsules; unpin or drop one, or raise capsule_slots"
+            )
+        cid = header["id"]
+        cid = cid if is_capsule_id(cid) and cid not in self.pool.caps else None
         cap = self.pool.put(
             host.to(self.device),
             name=label,
             session=header["session"],
             parent_id=header["parent_id"],
             step=header["step"],
-            cid=header["id"],
+            pinned=header["pinned"],
+            cid=cid,
             stamp=header["stamp"],
         )
+        if cid is not None:
+            self.pool.claim_id(cid)
+        if self.pool.evicted:
+            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
+            self.pool.evicted.clear()
+        info = self.pool.info(cap)
+        self.store.adopt(path, info)
+        return info
+
+    # -- flight recorder (runtime/flight.py) -------------------------------------------------------
+    def _flight_session(self, session: str) -> Session:
+        """A user session (UnknownReference for an internal one: it has no ring)."""
+        if isinstance(session, str) and session.startswith("_"):
+            raise UnknownReference(f"unknown session {session!r} (sessions: {self.sessions()})")
+        return self.session(session)
+
+    def flight(self, session: str = "main") -> list[int]:
+        """The steps whose state the session holds, oldest first; the last is the current step.
+        With `flight_ticks`=N: the last N states of the session's current line of steps (a
+        restore, branch, copy or reset starts a new line; a rewind keeps the older steps).
+        With flight_ticks=0 only the current state."""
+        return list(self._flight_session(session).flight_steps())
+
+    def rewind(self, k: int, session: str = "main") -> int:
+        """Bring the session back to its state k steps ago (1 <= k <= len(flight()) - 1) with one
+        device copy from its flight ring, and clear a poison: that state stepped cleanly. The
+        same observations then give bit-identical actions. Returns the step it landed at."""
+        s = self._flight_session(session)
+        k = check_int(k, "k")
+        if s.flight is None:
+            raise BadRequest("the flight recorder is off: create the Engine with flight_ticks > 0")
+        held = s.flight_steps()
+        if not 1 <= k <= len(held) - 1:
+            raise BadRequest(
+                f"cannot rewind {k} step(s): session {s.name!r} holds steps "
+                f"{held.start}..{held.stop - 1}, so k must be in [1, {len(held) - 1}]"
+            )
+        s.rewind_to(s.steps - k)
+        self._poison.pop(s.name, None)
+        return s.steps
+
+    def checkpoint_at(
+        self, step: int, session: str = "main", name: str | None = None, pin: bool = False
+    ) -> CapsuleInfo:
+        """Freeze a recorded step into an ordinary pool capsule (one device copy from its ring
+        slot), so restore, branch and save_capsule work on it as on any checkpoint. Like
+        checkpoint(), a state holding NaN/Inf is refused: the pool only holds finite states."""
+        s = self._flight_session(session)
+        t = held_step(s.flight_steps(), step, s.name)
+        if t == s.steps:  # the current state: exactly a checkpoint
+            return self.checkpoint(s.name, name=name, pin=pin)
+        if name is not None and not isinstance(name, str):
+            raise BadName(f"capsule name must be a string or None, got {name!r}")
+        pin = _bool(pin, "pin")
+        src = s.flight_state(t)
+        bad = nonfinite_regions(src, s.table)
+        if bad:
+            raise BadRequest(
+                f"step {t} of session {s.name!r} holds NaN or Inf in {', '.join(bad)}; "
+                "refusing to checkpoint it (save_flight_step writes it to a file)"
+            )
+        cap = self.pool.put(
+            src, name=name or "", session=s.name, parent_id=s.parent_id, step=t, pinned=pin
+        )
+        if self.pool.evicted:
+            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
+            self.pool.evicted.clear()
         return self.pool.info(cap)
+
+    def save_flight_step(self, step: int, path: str | Path, session: str = "main") -> Path:
+        """Write one recorded step of a session to a capsule file (the usual format, checksum and
+        fingerprint; id "<session>-<step>", which load_capsule replaces with a fresh capsule id),
+        without touching the pool. Non-finite states are written too: the state a misbehaving
+        policy acted from is what one wants to look at."""
+        s = self._flight_session(session)
+        t = held_step(s.flight_steps(), step, s.name)
+        src = s.flight_state(t)
+        info = CapsuleInfo(
+            id=check_capsule_name(f"{s.name}-{t}"),
+            name="",
+            session=s.name,
+            parent_id=s.parent_id,
+            step=t,
+            nbytes=self.state_nbytes,
+            tier="disk",
+            checksum=to_hex(device_checksum(src)),
+            pinned=False,
+            stamp=time.time(),
+        )
+        return self.store.write(path, info, src)
+
+    def flight_bytes(self) -> int:
+        """Device bytes held by the flight rings of all sessions."""
+        return sum(s.flight.bytes for s in self._sessions.values() if s.flight is not None)

@@ -1,4 +1,4 @@
-"""End-to-end ROS 2 benchmark of the installed flashrt_node (DESIGN.md section 8, "ros").
+"""End-to-end ROS 2 benchmark of the installed flashrt_node ("ros" object: bench/README.md).
 
     . ./env.sh && python bench/ros_bench.py --device cuda --out OUT/ros.json
     . ./env.sh && python bench/ros_bench.py --device cpu --out /tmp/ros.json --quick   # smoke
@@ -12,7 +12,19 @@ in a fresh ROS_DOMAIN_ID with LOCALHOST discovery) and measures from a client in
       step p50/p99);
   (b) observation trigger, lockstep: time from publishing a joint_states message to receiving its
       command (p50/p99);
-  (c) Checkpoint / Restore / ListCapsules round trips while the node runs the timer at 500 Hz.
+  (c) Checkpoint / Restore / ListCapsules round trips while the node runs the timer at 500 Hz;
+  (d) start-up, first: seconds from spawning the node (timer trigger at 500 Hz, joint_states
+      already streaming) to the first command received, cold (TORCHINDUCTOR_CACHE_DIR and
+      TRITON_CACHE_DIR a new empty folder) then warm (the same folder again);
+  (e) the bare-rclpy floors (bench/ros_floors.py, separate processes with plain rclpy nodes),
+      measured with the same client code: a JointState -> Float64MultiArray echo (as (b)), a
+      ListCapsules service answering at once (as (c)), a timer thread at 500 Hz and 1 kHz with the
+      node loop's wait and no work (as (a)), and a 640x480 rgb8 Image echo.
+
+The 1 kHz rate runs --seconds-1khz (60 s; --quick 5 s): its overruns are `overruns_1khz_60s`. The
+node's CPU use (utime + stime from /proc/<pid>/stat, percent of one core) is measured over each
+timer window. Every figure that has a floor is reported beside it and as ours - floor
+(`vs_floor`).
 
 Client-side times are given two ways: `dds` uses the DDS reception timestamp of the command
 (rmw MessageInfo.received_timestamp, taken when the client's reader got the sample, before the
@@ -60,40 +72,63 @@ def obs_row(k: int) -> tuple[list[float], list[float]]:
 # ------------------------------------------------------------------------------------------------
 # --stream: a helper process that publishes joint_states at a fixed rate (absolute deadlines)
 def stream_main(rate: float, seconds: float, topic: str) -> int:
+    """Publish joint_states until `seconds` pass or SIGTERM/SIGINT; exit 0 without a traceback.
+
+    rclpy installs no signal handlers here (they would shut the context down under the publish
+    loop): a signal only sets a flag, the loop stops publishing, then the node and the context
+    are torn down. A context shut down from elsewhere ends the loop the same way."""
     import rclpy
-    from rclpy.qos import qos_profile_sensor_data
+    from rclpy.signals import SignalHandlerOptions
     from sensor_msgs.msg import JointState
 
     stop = {"flag": False}
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
-    rclpy.init()
+    from rclpy.qos import qos_profile_sensor_data
+
+    ctx = rclpy.get_default_context()
     node = rclpy.create_node(f"flashrt_bench_streamer_{os.getpid()}")
     pub = node.create_publisher(JointState, topic, qos_profile_sensor_data)
-    deadline = time.monotonic() + 20.0
-    while pub.get_subscription_count() == 0 and time.monotonic() < deadline and not stop["flag"]:
-        time.sleep(0.01)
     period = 1.0 / rate
     msg = JointState(name=list(JOINTS))
     n = late = 0
-    t_end = time.monotonic() + seconds
-    nxt = time.monotonic()
-    while not stop["flag"] and time.monotonic() < t_end:
-        rem = nxt - time.monotonic()
-        if rem > 0.0003:
-            time.sleep(rem - 0.0003)
-        while time.monotonic() < nxt:
-            pass
-        msg.position, msg.velocity = obs_row(n)
-        pub.publish(msg)
-        n += 1
-        nxt += period
-        if time.monotonic() > nxt:  # we are behind: do not burst, skip the lost slots
-            late += 1
-            nxt = time.monotonic() + period
-    print(json.dumps({"published": n, "late": late}), flush=True)
-    node.destroy_node()
-    rclpy.shutdown()
+    ended = "time"
+    try:
+        deadline = time.monotonic() + 20.0
+        while not stop["flag"] and time.monotonic() < deadline:
+            if pub.get_subscription_count() > 0:
+                break
+            time.sleep(0.01)
+        t_end = time.monotonic() + seconds
+        nxt = time.monotonic()
+        while not stop["flag"] and time.monotonic() < t_end:
+            rem = nxt - time.monotonic()
+            if rem > 0.0003:
+                time.sleep(rem - 0.0003)
+            while time.monotonic() < nxt:
+                pass
+            if stop["flag"] or not ctx.ok():
+                break
+            msg.position, msg.velocity = obs_row(n)
+            pub.publish(msg)
+            n += 1
+            nxt += period
+            if time.monotonic() > nxt:  # we are behind: do not burst, skip the lost slots
+                late += 1
+                nxt = time.monotonic() + period
+    except Exception as e:  # the context went away under the loop (RCLError): stop quietly
+        if ctx.ok():
+            raise
+        ended = f"context shut down ({type(e).__name__})"
+    if stop["flag"]:
+        ended = "signal"
+    print(json.dumps({"published": n, "late": late, "ended": ended}), flush=True)
+    with contextlib.suppress(Exception):
+        node.destroy_node()
+    with contextlib.suppress(Exception):
+        if ctx.ok():
+            rclpy.shutdown()
     return 0
 
 
@@ -101,19 +136,22 @@ def stream_main(rate: float, seconds: float, topic: str) -> int:
 class Client:
     """Subscriptions and a persistent executor on the harness node."""
 
-    def __init__(self, ros, proc):
+    def __init__(self, ros, proc, reply: str = "commands", reply_type=None):
+        """`reply`: the topic (relative to proc's namespace) whose messages are the commands
+        timed here, of `reply_type` (Float64MultiArray); floors use the same client."""
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.executors import SingleThreadedExecutor
         from sensor_msgs.msg import JointState
         from std_msgs.msg import Float64MultiArray
 
         self.ros, self.proc, n = ros, proc, ros.node
+        reply_type = reply_type or Float64MultiArray
         self.cmd_cb: list[int] = []  # monotonic ns in the callback
         self.cmd_rx: list[int] = []  # DDS received_timestamp (system clock ns), 0 if unset
         self.cmd_src: list[int] = []  # DDS source_timestamp (node's publish, system clock ns)
         self.diag: list[tuple[float, dict]] = []
         self._subs = [
-            n.create_subscription(Float64MultiArray, proc.topic("commands"), self._on_cmd, 1000),
+            n.create_subscription(reply_type, proc.topic(reply), self._on_cmd, 1000),
             n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10),
         ]
         self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
@@ -155,9 +193,17 @@ class Client:
         while (left := end - time.monotonic()) > 0:
             self.ex.spin_once(timeout_sec=min(left, 0.05))
 
-    def wait_subscribed(self, timeout: float = 20.0) -> None:
-        if not self.spin_until(lambda: self._js.get_subscription_count() > 0, timeout):
-            raise RuntimeError("node does not subscribe joint_states\n" + self.proc.log_tail())
+    def wait_subscribed(self, timeout: float = 20.0, pub=None) -> None:
+        """Until the node subscribes joint_states (or what `pub` publishes)."""
+        pub = pub or self._js
+        if not self.spin_until(lambda: pub.get_subscription_count() > 0, timeout):
+            raise RuntimeError(f"nobody subscribes {pub.topic_name}\n" + self.proc.log_tail())
+
+    def wait_replier(self, timeout: float = 20.0) -> None:
+        """Until this client's reply subscription sees the node's publisher."""
+        sub = self._subs[0]
+        if not self.spin_until(lambda: sub.get_publisher_count() > 0, timeout):
+            raise RuntimeError(f"nobody publishes {sub.topic_name}\n" + self.proc.log_tail())
 
     def publish_obs(self, k: int) -> None:
         self._msg.position, self._msg.velocity = obs_row(k)
@@ -257,6 +303,7 @@ def streamer(rate: float, seconds: float, topic: str) -> subprocess.Popen:
 
 
 def stop_streamer(sp: subprocess.Popen) -> dict:
+    """SIGTERM the streamer; its summary line, exit status, and any traceback it printed."""
     if sp.poll() is None:
         sp.send_signal(signal.SIGTERM)
     try:
@@ -264,10 +311,16 @@ def stop_streamer(sp: subprocess.Popen) -> dict:
     except subprocess.TimeoutExpired:
         sp.kill()
         out, _ = sp.communicate()
-    for line in reversed((out or "").splitlines()):
+    out = out or ""
+    info: dict = {"output": out[-500:]}
+    for line in reversed(out.splitlines()):
         with contextlib.suppress(ValueError):
-            return json.loads(line)
-    return {"output": (out or "")[-500:]}
+            info = json.loads(line)
+            break
+    info["rc"] = sp.returncode
+    if "Traceback" in out:
+        info["traceback"] = out[out.index("Traceback") :][-1500:]
+    return info
 
 
 def jitter_stats(stamps_ns: list[int], period_s: float) -> dict:
@@ -282,6 +335,81 @@ def jitter_stats(stamps_ns: list[int], period_s: float) -> dict:
         "jitter_max_us": round(float(dev.max()), 1),
         "interval_p50_us": pct(dt, 50),
         "rate_hz": round((t.size - 1) / ((t[-1] - t[0]) * 1e-9), 1),
+    }
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (s), from /proc/<pid>/stat; None where unreadable."""
+    try:
+        txt = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    f = txt.rsplit(")", 1)[1].split()  # f[0] is field 3 (state): utime is field 14, stime 15
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_window(cl: Client, rate: float, seconds: float, pid: int | None = None) -> dict:
+    """Commands received over `seconds`: rate, period jitter three ways, and the CPU use of
+    process `pid` (percent of one core) over the same window."""
+    c0 = cpu_seconds(pid) if pid else None
+    i0, t0 = len(cl.cmd_cb), time.monotonic_ns()
+    cl.spin_for(seconds)
+    i1, t1 = len(cl.cmd_cb), time.monotonic_ns()
+    c1 = cpu_seconds(pid) if pid else None
+    wall = (t1 - t0) * 1e-9
+    row = {
+        "target_hz": rate,
+        "seconds": round(wall, 2),
+        "commands": i1 - i0,
+        "achieved_hz": round((i1 - i0) / wall, 1),
+    }
+    cb = jitter_stats(cl.cmd_cb[i0:i1], 1.0 / rate)
+    rx = jitter_stats(cl.cmd_rx[i0:i1], 1.0 / rate)
+    src = jitter_stats(cl.cmd_src[i0:i1], 1.0 / rate)
+    row["client_cb"] = cb
+    row["client_dds"] = rx
+    row["node_publish"] = src
+    row["basis"] = "dds" if rx else "cb"
+    row["period_jitter_p99_us"] = (rx or cb).get("jitter_p99_us")
+    row["cpu_pct"] = (
+        round(100.0 * (c1 - c0) / wall, 1) if c0 is not None and c1 is not None else None
+    )
+    return row
+
+
+def lockstep(cl: Client, n: int, publish, warm: int = 50) -> tuple[list, list]:
+    """Publish one message, wait for its reply, n times (after `warm` untimed ones): the
+    latencies in us, in the client callback (cb) and from the DDS reception stamp (dds).
+    A warm-up message without a reply in 1 s (discovery not finished) is skipped."""
+    lat_cb, lat_rx = [], []
+    for k in range(n + warm):
+        m = len(cl.cmd_cb)
+        t_wall = time.time_ns()
+        t_mono = time.monotonic_ns()
+        publish(k)
+        if not cl.spin_until(lambda m=m: len(cl.cmd_cb) > m, 1.0 if k < warm else 10.0):
+            if k < warm:
+                continue
+            raise RuntimeError(f"no reply to message {k}\n{cl.proc.log_tail()}")
+        if k >= warm:
+            lat_cb.append((cl.cmd_cb[-1] - t_mono) * 1e-3)
+            if cl.cmd_rx[-1] > 0:
+                lat_rx.append((cl.cmd_rx[-1] - t_wall) * 1e-3)
+    return lat_cb, lat_rx
+
+
+def latency_summary(lat_cb: list, lat_rx: list) -> dict:
+    basis = "dds" if lat_rx and len(lat_rx) == len(lat_cb) else "cb"
+    head = lat_rx if basis == "dds" else lat_cb
+    return {
+        "samples": len(lat_cb),
+        "basis": basis,
+        "p50_us": pct(head, 50),
+        "p99_us": pct(head, 99),
+        "cb_p50_us": pct(lat_cb, 50),
+        "cb_p99_us": pct(lat_cb, 99),
+        "dds_p50_us": pct(lat_rx, 50),
+        "dds_p99_us": pct(lat_rx, 99),
     }
 
 
@@ -307,26 +435,10 @@ def run_timer(
             raise RuntimeError(f"no commands at {rate} Hz (streamer {info})\n{proc.log_tail()}")
         cl.spin_for(warm)
         d0 = cl.latest_diag(3.0)
-        i0, t0 = len(cl.cmd_cb), time.monotonic_ns()
-        cl.spin_for(seconds)
-        i1, t1 = len(cl.cmd_cb), time.monotonic_ns()
+        row = measure_window(cl, rate, seconds, proc.pid)
         d1 = cl.latest_diag(3.0)
-        row = {
-            "target_hz": rate,
-            "publish_offset_s": offset,
-            "seconds": round((t1 - t0) * 1e-9, 2),
-            "commands": i1 - i0,
-            "achieved_hz": round((i1 - i0) / ((t1 - t0) * 1e-9), 1),
-            "startup_s": round(startup, 1),
-        }
-        cb = jitter_stats(cl.cmd_cb[i0:i1], 1.0 / rate)
-        rx = jitter_stats(cl.cmd_rx[i0:i1], 1.0 / rate)
-        src = jitter_stats(cl.cmd_src[i0:i1], 1.0 / rate)
-        row["client_cb"] = cb
-        row["client_dds"] = rx
-        row["node_publish"] = src
-        row["basis"] = "dds" if rx else "cb"
-        row["period_jitter_p99_us"] = (rx or cb).get("jitter_p99_us")
+        row["publish_offset_s"] = offset
+        row["startup_s"] = round(startup, 1)
         nd = diag_numbers(d1)
         if "overruns" in nd and "overruns" in diag_numbers(d0):
             nd["overruns_in_window"] = nd["overruns"] - diag_numbers(d0)["overruns"]
@@ -334,10 +446,11 @@ def run_timer(
             nd["steps_in_window"] = nd["steps"] - diag_numbers(d0)["steps"]
         row["node"] = nd
         log(
-            f"timer {rate:.0f} Hz: achieved {row['achieved_hz']} Hz, client jitter p99 "
-            f"{row['period_jitter_p99_us']} us ({row['basis']}), node jitter p99 "
+            f"timer {rate:.0f} Hz ({row['seconds']} s): achieved {row['achieved_hz']} Hz, client "
+            f"jitter p99 {row['period_jitter_p99_us']} us ({row['basis']}), node jitter p99 "
             f"{nd.get('jitter_p99_us')} us, overruns {nd.get('overruns_in_window')}, "
-            f"step p50/p99 {nd.get('step_p50_us')}/{nd.get('step_p99_us')} us"
+            f"step p50/p99 {nd.get('step_p50_us')}/{nd.get('step_p99_us')} us, "
+            f"node CPU {row['cpu_pct']} %"
         )
         if services:
             svc = run_services(cl, proc, args.service_calls)
@@ -349,32 +462,6 @@ def run_timer(
         cl.close()
         proc.stop()
     return row, svc
-
-
-def headline(rows: list, offset_rows: list, svc: dict | None, obs: dict | None) -> dict:
-    """The "ros" object of DESIGN.md section 8 from the scenario rows, with the rules stated."""
-    sustained = [r for r in rows if r["achieved_hz"] >= 0.98 * r["target_hz"]]
-    best = max(sustained or rows, key=lambda r: r["target_hz"], default=None)
-    # period jitter: at 500 Hz (the goal's rate), the publish-offset run when there is one
-    at = [r for r in offset_rows + rows if r["target_hz"] == 500.0] or rows
-    j = at[0] if at else None
-    return {
-        "rate_hz": (best["target_hz"] if best in sustained else best["achieved_hz"]) if best else 0,
-        "period_jitter_p99_us": (j["node_publish"] or {}).get("jitter_p99_us") if j else None,
-        "obs_to_action_p50_us": obs["obs_to_action_p50_us"] if obs else None,
-        "service_rtt_p50_us": max(svc["checkpoint_p50_us"], svc["restore_p50_us"]) if svc else None,
-        "obs_to_action_p99_us": obs["obs_to_action_p99_us"] if obs else None,
-        "period_jitter_at": {"rate_hz": j["target_hz"], "publish_offset_s": j["publish_offset_s"]}
-        if j
-        else None,
-        "delivery_jitter_p99_us": j["client_dds"].get("jitter_p99_us") if j else None,
-        "rate_rule": "highest timer rate achieved within 2% (overruns in the rows)",
-        "jitter_rule": "p99 of |interval - period| between the node's commands, from the DDS "
-        "source timestamps (taken when the node writes each one) read by the client; "
-        "delivery_jitter_p99_us: the same from the client's DDS reception stamps, so it adds "
-        "the loopback transport and the receiving process",
-        "service_rtt_rule": "max of the Checkpoint and Restore p50 (ListCapsules below)",
-    }
 
 
 def run_services(cl: Client, proc, n: int) -> dict:
@@ -436,43 +523,295 @@ def run_observation(ros, args, n: int) -> dict:
     cl = Client(ros, proc)
     try:
         cl.wait_subscribed()
-        lat_cb, lat_rx = [], []
-        warm = 50
-        for k in range(n + warm):
-            m = len(cl.cmd_cb)
-            t_wall = time.time_ns()
-            t_mono = time.monotonic_ns()
-            cl.publish_obs(k)
-            if not cl.spin_until(lambda m=m: len(cl.cmd_cb) > m, 10.0):
-                raise RuntimeError(f"no command for observation {k}\n{proc.log_tail()}")
-            if k >= warm:
-                lat_cb.append((cl.cmd_cb[-1] - t_mono) * 1e-3)
-                if cl.cmd_rx[-1] > 0:
-                    lat_rx.append((cl.cmd_rx[-1] - t_wall) * 1e-3)
+        lat_cb, lat_rx = lockstep(cl, n, cl.publish_obs)
         d = diag_numbers(cl.latest_diag(3.0))
     finally:
         cl.close()
         proc.stop()
-    basis = "dds" if len(lat_rx) == len(lat_cb) else "cb"
-    head = lat_rx if basis == "dds" else lat_cb
+    s = latency_summary(lat_cb, lat_rx)
     out = {
-        "samples": len(lat_cb),
-        "basis": basis,
+        "samples": s["samples"],
+        "basis": s["basis"],
         "startup_s": round(startup, 1),
-        "obs_to_action_p50_us": pct(head, 50),
-        "obs_to_action_p99_us": pct(head, 99),
-        "cb_p50_us": pct(lat_cb, 50),
-        "cb_p99_us": pct(lat_cb, 99),
-        "dds_p50_us": pct(lat_rx, 50),
-        "dds_p99_us": pct(lat_rx, 99),
+        "obs_to_action_p50_us": s["p50_us"],
+        "obs_to_action_p99_us": s["p99_us"],
+        **{k: s[k] for k in ("cb_p50_us", "cb_p99_us", "dds_p50_us", "dds_p99_us")},
         "node": d,
     }
     log(
-        f"observation trigger ({len(lat_cb)} lockstep samples): obs->action p50/p99 "
-        f"{out['obs_to_action_p50_us']}/{out['obs_to_action_p99_us']} us ({basis}); "
+        f"observation trigger ({s['samples']} lockstep samples): obs->action p50/p99 "
+        f"{out['obs_to_action_p50_us']}/{out['obs_to_action_p99_us']} us ({s['basis']}); "
         f"in the client callback {out['cb_p50_us']}/{out['cb_p99_us']} us; node step p50 "
         f"{d.get('step_p50_us')} us"
     )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# start-up: spawn -> first command, timer trigger, observations already streaming
+def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: float = 500.0):
+    """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
+    publishing joint_states) to the first command received here. The node's torch inductor and
+    triton caches are `cache_dir` (empty: cold; filled by an earlier run: warm)."""
+    from rclpy.executors import SingleThreadedExecutor
+    from std_msgs.msg import Float64MultiArray
+
+    from test.ros_helpers import launch_node
+
+    stamps: list[float] = []
+    sub = ros.node.create_subscription(
+        Float64MultiArray, "/commands", lambda _m: stamps.append(time.monotonic()), 10
+    )
+    ex = SingleThreadedExecutor(context=ros.context)
+    ex.add_node(ros.node)
+    files_before = sum(1 for p in cache_dir.rglob("*") if p.is_file())
+    sp = streamer(rate, 900.0, "/joint_states")
+    proc = None
+    try:
+        end = time.monotonic() + 30.0  # the streamer's publisher is in the graph: it is up
+        while ros.node.count_publishers("/joint_states") == 0 and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+        env = dict(os.environ)
+        env.update(
+            ROS_DOMAIN_ID=str(ros.domain_id),
+            ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+            TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"),
+            TRITON_CACHE_DIR=str(cache_dir / "triton"),
+        )
+        t0 = time.monotonic()
+        proc = launch_node(
+            node_params(args, trigger="timer", rate_hz=rate), log_dir=log_dir, env=env
+        )
+        ros.processes.append(proc)
+        end = t0 + args.startup_timeout
+        while not stamps and proc.alive() and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+        if not stamps:
+            why = "exited" if not proc.alive() else f"no command in {args.startup_timeout} s"
+            raise RuntimeError(f"{label} start: node {why}\n{proc.log_tail()}")
+        first = stamps[0] - t0
+    finally:
+        info = stop_streamer(sp)
+        with contextlib.suppress(Exception):
+            ex.remove_node(ros.node)
+            ex.shutdown(timeout_sec=0)
+        with contextlib.suppress(Exception):
+            ros.node.destroy_subscription(sub)
+        if proc is not None:
+            proc.stop()
+    out = {
+        "first_command_s": round(first, 2),
+        "rate_hz": rate,
+        "cache_dir_files_before": files_before,
+        "cache_dir_files_after": sum(1 for p in cache_dir.rglob("*") if p.is_file()),
+        "streamer": info,
+    }
+    log(f"{label} start: first command {out['first_command_s']} s after spawn ({out})")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# bare-rclpy floors (bench/ros_floors.py), measured with the same client code as the node
+def run_floor_echo(ros, args, n: int, log_dir: Path) -> dict:
+    from bench.ros_floors import launch_floor
+
+    proc = launch_floor(ros, "echo", log_dir=log_dir)
+    cl = Client(ros, proc)
+    try:
+        cl.wait_subscribed()
+        cl.wait_replier()
+        lat_cb, lat_rx = lockstep(cl, n, cl.publish_obs)
+    finally:
+        cl.close()
+        rc = proc.stop()
+    out = {**latency_summary(lat_cb, lat_rx), "exit_status": rc}
+    log(f"floor echo ({n}): p50/p99 {out['p50_us']}/{out['p99_us']} us ({out['basis']})")
+    return out
+
+
+def run_floor_image(ros, args, n: int, log_dir: Path) -> dict:
+    from sensor_msgs.msg import Image
+
+    from bench.ros_floors import launch_floor
+
+    proc = launch_floor(ros, "image", log_dir=log_dir)
+    cl = Client(ros, proc, reply="image_echo", reply_type=Image)
+    pub = ros.node.create_publisher(Image, proc.topic("image_raw"), 10)
+    msg = Image(height=480, width=640, encoding="rgb8", step=640 * 3)
+    msg.data = bytes(range(256)) * (640 * 480 * 3 // 256)
+    try:
+        cl.wait_subscribed(pub=pub)
+        cl.wait_replier()
+        lat_cb, lat_rx = lockstep(cl, n, lambda _k: pub.publish(msg))
+    finally:
+        cl.close()
+        with contextlib.suppress(Exception):
+            ros.node.destroy_publisher(pub)
+        rc = proc.stop()
+    out = {**latency_summary(lat_cb, lat_rx), "bytes": len(msg.data), "encoding": "rgb8 640x480"}
+    out["exit_status"] = rc
+    log(f"floor image echo ({n}): p50/p99 {out['p50_us']}/{out['p99_us']} us ({out['basis']})")
+    return out
+
+
+def run_floor_service(ros, args, n: int, log_dir: Path) -> dict:
+    from bench.ros_floors import launch_floor
+    from flashrt_ros import srv
+
+    proc = launch_floor(ros, "service", log_dir=log_dir)
+    cl = Client(ros, proc)
+    ls = ros.client(srv.ListCapsules, proc.service("list_capsules"))
+    try:
+        if not ls.wait_for_service(timeout_sec=20.0):
+            raise RuntimeError(f"service {ls.srv_name} not available\n{proc.log_tail()}")
+        for _ in range(5):  # warm-up, not timed (as run_services)
+            cl.call(ls, srv.ListCapsules.Request())
+        t = [cl.call(ls, srv.ListCapsules.Request())[0] * 1e6 for _ in range(n)]
+    finally:
+        cl.close()
+        rc = proc.stop()
+    out = {"calls": n, "type": "flashrt_ros/srv/ListCapsules", "p50_us": pct(t, 50)}
+    out.update(p99_us=pct(t, 99), exit_status=rc)
+    log(f"floor service ({n} calls): p50/p99 {out['p50_us']}/{out['p99_us']} us")
+    return out
+
+
+def run_floor_timer(ros, args, rate: float, seconds: float, log_dir: Path) -> dict:
+    from bench.ros_floors import floor_summary, launch_floor
+
+    proc = launch_floor(ros, "timer", str(rate), log_dir=log_dir)
+    cl = Client(ros, proc)
+    try:
+        if not cl.spin_until(lambda: len(cl.cmd_cb) > 0 or not proc.alive(), 30.0) or not (
+            cl.cmd_cb
+        ):
+            raise RuntimeError(f"no commands from the timer floor\n{proc.log_tail()}")
+        cl.spin_for(1.5)  # as run_timer's warm-up
+        row = measure_window(cl, rate, seconds, proc.pid)
+    finally:
+        cl.close()
+        rc = proc.stop()
+    row["loop"] = floor_summary(proc)
+    row["exit_status"] = rc
+    log(
+        f"floor timer {rate:.0f} Hz ({row['seconds']} s): achieved {row['achieved_hz']} Hz, "
+        f"client jitter p99 {row['period_jitter_p99_us']} us ({row['basis']}), publish-stamp "
+        f"jitter p99 {row['node_publish'].get('jitter_p99_us')} us, loop {row['loop']}, "
+        f"CPU {row['cpu_pct']} %"
+    )
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+def dig(d, *keys):
+    """d[k1][k2]... or None where any level is missing."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _diff(ours, floor):
+    return round(ours - floor, 1) if ours is not None and floor is not None else None
+
+
+def versus(ours, floor) -> dict:
+    return {"ours": ours, "floor": floor, "ours_minus_floor": _diff(ours, floor)}
+
+
+def headline(
+    rows: list,
+    offset_rows: list,
+    svc: dict | None,
+    obs: dict | None,
+    floors: dict | None = None,
+    starts: dict | None = None,
+) -> dict:
+    """The "ros" object (its schema: bench/README.md) from the scenario rows, rules stated.
+    `floors` / `starts` None (not given, e.g. by an older caller): the keys computed from them
+    alone are left out, so that updating a stored result with this one keeps its values."""
+    given_floors, given_starts = floors is not None, starts is not None
+    floors, starts = floors or {}, starts or {}
+    sustained = [r for r in rows if r["achieved_hz"] >= 0.98 * r["target_hz"]]
+    best = max(sustained or rows, key=lambda r: r["target_hz"], default=None)
+    # period jitter: at 500 Hz (the goal's rate), the publish-offset run when there is one
+    at = [r for r in offset_rows + rows if r["target_hz"] == 500.0] or rows
+    j = at[0] if at else None
+    r500 = next((r for r in rows if r["target_hz"] == 500.0), None)  # offset 0
+    r1k = next((r for r in rows if r["target_hz"] == 1000.0), None)
+    f500, f1k = floors.get("timer_500"), floors.get("timer_1000")
+    fe, fs, fi = floors.get("echo"), floors.get("service"), floors.get("image_echo")
+    svc_rtt = max(svc["checkpoint_p50_us"], svc["restore_p50_us"]) if svc else None
+    o2a = obs["obs_to_action_p50_us"] if obs else None
+    out = {
+        "rate_hz": (best["target_hz"] if best in sustained else best["achieved_hz"]) if best else 0,
+        "period_jitter_p99_us": (j["node_publish"] or {}).get("jitter_p99_us") if j else None,
+        "obs_to_action_p50_us": o2a,
+        "service_rtt_p50_us": svc_rtt,
+        "floor_echo_p50_us": dig(fe, "p50_us"),
+        "floor_service_p50_us": dig(fs, "p50_us"),
+        "floor_jitter_p99_us": dig(f500, "period_jitter_p99_us"),
+        "node_step_p50_us": dig(r500, "node", "step_p50_us"),
+        "overruns_1khz_60s": dig(r1k, "node", "overruns_in_window"),
+        "node_jitter_p99_us_1khz": dig(r1k, "node", "jitter_p99_us"),
+        "client_jitter_p99_us_1khz": dig(r1k, "period_jitter_p99_us"),
+        "floor_jitter_p99_us_1khz": dig(f1k, "period_jitter_p99_us"),
+        "warm_start_s": dig(starts.get("warm"), "first_command_s"),
+        "cold_start_s": dig(starts.get("cold"), "first_command_s"),
+        "node_cpu_pct_500hz": dig(r500, "cpu_pct"),
+        "floor_image_echo_p50_us": dig(fi, "p50_us"),
+        "obs_to_action_p99_us": obs["obs_to_action_p99_us"] if obs else None,
+        "overruns_1khz_window_s": dig(r1k, "seconds"),
+        "client_jitter_p99_us": dig(r500, "period_jitter_p99_us"),
+        "period_jitter_at": {"rate_hz": j["target_hz"], "publish_offset_s": j["publish_offset_s"]}
+        if j
+        else None,
+        "delivery_jitter_p99_us": j["client_dds"].get("jitter_p99_us") if j else None,
+        "vs_floor": {
+            "obs_to_action_p50_us": versus(o2a, dig(fe, "p50_us")),
+            "service_rtt_p50_us": versus(svc_rtt, dig(fs, "p50_us")),
+            "list_capsules_p50_us": versus(dig(svc, "list_p50_us"), dig(fs, "p50_us")),
+            "client_jitter_p99_us_500hz": versus(
+                dig(r500, "period_jitter_p99_us"), dig(f500, "period_jitter_p99_us")
+            ),
+            "client_jitter_p99_us_1khz": versus(
+                dig(r1k, "period_jitter_p99_us"), dig(f1k, "period_jitter_p99_us")
+            ),
+            "publish_jitter_p99_us_500hz": versus(
+                dig(r500, "node_publish", "jitter_p99_us"),
+                dig(f500, "node_publish", "jitter_p99_us"),
+            ),
+            "cpu_pct_500hz": versus(dig(r500, "cpu_pct"), dig(f500, "cpu_pct")),
+        },
+        "rate_rule": "highest timer rate achieved within 2% (overruns in the rows)",
+        "jitter_rule": "p99 of |interval - period| between the node's commands, from the DDS "
+        "source timestamps (taken when the node writes each one) read by the client; "
+        "delivery_jitter_p99_us: the same from the client's DDS reception stamps, so it adds "
+        "the loopback transport and the receiving process",
+        "service_rtt_rule": "max of the Checkpoint and Restore p50 (ListCapsules below)",
+        "floor_rule": "bare-rclpy nodes (bench/ros_floors.py), each a separate process on the "
+        "same machine in the same run, measured with the same client code: echo = JointState "
+        "-> Float64MultiArray in lockstep (vs obs_to_action); service = ListCapsules answered "
+        "at once (vs service_rtt_p50_us and list_capsules); timer = a thread with absolute "
+        "deadlines and the node loop's sleep-then-spin wait publishing with no work, jitter at "
+        "the client's DDS reception (vs client_jitter_p99_us*, the node's 500 Hz and 1 kHz runs "
+        "without publish offset); image echo = 640x480 rgb8 Image echoed as-is",
+        "node_rule": "node_step_p50_us, node_cpu_pct_500hz (utime+stime from /proc over the "
+        "window, percent of one core): the 500 Hz run without publish offset; "
+        "overruns_1khz_60s, node_jitter_p99_us_1khz (the node's /diagnostics) and "
+        "client_jitter_p99_us_1khz: the 1 kHz run, overruns_1khz_window_s long",
+        "start_rule": "seconds from spawning flashrt_node (trigger=timer, 500 Hz, joint_states "
+        "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR and "
+        "TRITON_CACHE_DIR a new empty folder, first node start of the run; warm: the next start "
+        "with the same folders",
+    }
+    if not given_floors:
+        for k in [k for k in out if k.startswith("floor_")] + ["vs_floor"]:
+            del out[k]
+    if not given_starts:
+        for k in ("warm_start_s", "cold_start_s", "start_rule"):
+            del out[k]
     return out
 
 
@@ -484,6 +823,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short smoke run (CPU)")
     ap.add_argument("--rates", default="500,1000", help="timer rates to try, Hz")
     ap.add_argument("--seconds", type=float, default=None, help="window per rate (10; quick 3)")
+    ap.add_argument(
+        "--seconds-1khz",
+        type=float,
+        default=None,
+        help="window of the 1 kHz rate, whose overruns are overruns_1khz_60s (60; quick 5)",
+    )
     ap.add_argument("--obs-samples", type=int, default=None, help="lockstep (2000; quick 200)")
     ap.add_argument("--service-calls", type=int, default=None, help="per service (200; quick 30)")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
@@ -493,6 +838,8 @@ def main() -> int:
         default=0.0004,
         help="also run the service rate with this publish_offset_s (0 = skip)",
     )
+    ap.add_argument("--no-floors", action="store_true", help="skip the bare-rclpy floors")
+    ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--topic", default="/joint_states", help=argparse.SUPPRESS)
@@ -502,6 +849,7 @@ def main() -> int:
 
     q = args.quick
     args.seconds = args.seconds or (3.0 if q else 10.0)
+    args.seconds_1khz = args.seconds_1khz or (5.0 if q else 60.0)
     args.obs_samples = args.obs_samples or (200 if q else 2000)
     args.service_calls = args.service_calls or (30 if q else 200)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
@@ -518,46 +866,74 @@ def main() -> int:
     import torch
 
     log(
-        f"device {args.device}, rates {rates}, {args.seconds} s each, {args.obs_samples} lockstep "
-        f"samples, {args.service_calls} service calls; torch {torch.__version__}, cuda "
-        f"{torch.cuda.is_available()}; node logs in {log_dir}"
+        f"device {args.device}, rates {rates} ({args.seconds} s each, 1 kHz "
+        f"{args.seconds_1khz} s), {args.obs_samples} lockstep samples, {args.service_calls} "
+        f"service calls; torch {torch.__version__}, cuda {torch.cuda.is_available()}; "
+        f"node logs in {log_dir}"
     )
     t_all = time.monotonic()
     rows, svc, obs, errors = [], None, None, []
+    starts: dict = {}
+    floors: dict = {}
+
+    def attempt(what: str, fn, *a):
+        """Run one scenario in a fresh domain; a failure is logged and kept, the rest go on."""
+        with ros_harness(log_dir) as ros:
+            try:
+                return fn(ros, *a)
+            except Exception as e:
+                log(f"FAILED {what}: {e}")
+                errors.append(f"{what}: {e}"[:2000])
+                return None
+
+    # start-up first: the cold one is then the first node start of this run
+    if not args.no_startup:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="flashrt_bench_cache_") as tmp:
+            for label in ("cold", "warm"):
+                r = attempt(f"{label} start", run_startup, args, Path(tmp), label, log_dir)
+                if r is not None:
+                    starts[label] = r
+
     svc_rate = 500.0 if 500.0 in rates else rates[0]
     for rate in rates:
-        with ros_harness(log_dir) as ros:
-            try:
-                row, s = run_timer(ros, args, rate, args.seconds, services=(rate == svc_rate))
-                rows.append(row)
-                svc = s or svc
-            except Exception as e:  # keep the other scenarios
-                log(f"FAILED timer {rate} Hz: {e}")
-                errors.append(f"timer {rate}: {e}"[:2000])
+        secs = args.seconds_1khz if rate == 1000.0 else args.seconds
+        r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, rate == svc_rate)
+        if r is not None:
+            rows.append(r[0])
+            svc = r[1] or svc
     offset_rows = []
     if args.publish_offset > 0:
-        with ros_harness(log_dir) as ros:
-            try:
-                offset_rows.append(
-                    run_timer(ros, args, svc_rate, args.seconds, False, args.publish_offset)[0]
-                )
-            except Exception as e:
-                log(f"FAILED timer {svc_rate} Hz with publish offset: {e}")
-                errors.append(f"timer {svc_rate} offset: {e}"[:2000])
-    with ros_harness(log_dir) as ros:
-        try:
-            obs = run_observation(ros, args, args.obs_samples)
-        except Exception as e:
-            log(f"FAILED observation trigger: {e}")
-            errors.append(f"observation: {e}"[:2000])
+        r = attempt(
+            f"timer {svc_rate:g} Hz offset", run_timer, args, svc_rate, args.seconds, False,
+            args.publish_offset,
+        )  # fmt: skip
+        if r is not None:
+            offset_rows.append(r[0])
+    obs = attempt("observation", run_observation, args, args.obs_samples)
+
+    if not args.no_floors:
+        for key, fn, a in (
+            ("echo", run_floor_echo, (args, args.obs_samples, log_dir)),
+            ("service", run_floor_service, (args, args.service_calls, log_dir)),
+            ("timer_500", run_floor_timer, (args, 500.0, args.seconds, log_dir)),
+            ("timer_1000", run_floor_timer, (args, 1000.0, args.seconds, log_dir)),
+            ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
+        ):
+            r = attempt(f"floor {key}", fn, *a)
+            if r is not None:
+                floors[key] = r
 
     device_str = next((r["node"].get("device") for r in rows if r["node"].get("device")), None)
     result = {
-        **headline(rows, offset_rows, svc, obs),
+        **headline(rows, offset_rows, svc, obs, floors, starts),
         "services": svc,
         "rates": rows,
         "rates_publish_offset": offset_rows,
         "observation": obs,
+        "floors": floors,
+        "start": starts,
         "node_diagnostics": {str(int(r["target_hz"])): r["node"] for r in rows},
         "startup_s": {
             **{f"timer_{int(r['target_hz'])}": r["startup_s"] for r in rows},
@@ -587,12 +963,13 @@ def print_table(r: dict) -> None:
     for row in r["rates"] + r["rates_publish_offset"]:
         n = row["node"]
         print(
-            f"| timer {row['target_hz']:.0f} Hz, offset {row['publish_offset_s'] * 1e6:.0f} us "
-            f"| achieved {row['achieved_hz']} Hz, "
+            f"| timer {row['target_hz']:.0f} Hz, offset {row['publish_offset_s'] * 1e6:.0f} us, "
+            f"{row['seconds']} s | achieved {row['achieved_hz']} Hz, "
             f"client jitter p99 {row['period_jitter_p99_us']} us, "
             f"node jitter p99 {n.get('jitter_p99_us')} us, "
             f"overruns {n.get('overruns_in_window')}, step p50/p99 {n.get('step_p50_us')}/"
-            f"{n.get('step_p99_us')} us, startup {row['startup_s']} s |"
+            f"{n.get('step_p99_us')} us, CPU {row.get('cpu_pct')} %, "
+            f"startup {row['startup_s']} s |"
         )
     o = r["observation"]
     if o:
@@ -607,12 +984,23 @@ def print_table(r: dict) -> None:
             f"{s['checkpoint_p99_us']}, restore {s['restore_p50_us']}/{s['restore_p99_us']}, "
             f"list {s['list_p50_us']}/{s['list_p99_us']} us (p50/p99) |"
         )
-    print(
-        f"\nros: rate_hz={r['rate_hz']} period_jitter_p99_us={r['period_jitter_p99_us']} "
-        f"obs_to_action_p50_us={r['obs_to_action_p50_us']} "
-        f"service_rtt_p50_us={r['service_rtt_p50_us']}\n",
-        flush=True,
-    )
+    for label, st in r["start"].items():
+        print(
+            f"| {label} start | first command {st['first_command_s']} s after spawn "
+            f"(cache files {st['cache_dir_files_before']} -> {st['cache_dir_files_after']}) |"
+        )
+    print("\n| figure | ours | bare-rclpy floor | ours - floor |\n|---|---|---|---|")
+    for k, v in r["vs_floor"].items():
+        print(f"| {k} | {v['ours']} | {v['floor']} | {v['ours_minus_floor']} |")
+    if "image_echo" in r["floors"]:
+        print(f"| image_echo_p50_us (640x480 rgb8) | - | {r['floor_image_echo_p50_us']} | - |")
+    keys = (
+        "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
+        "floor_service_p50_us floor_jitter_p99_us node_step_p50_us overruns_1khz_60s "
+        "node_jitter_p99_us_1khz client_jitter_p99_us_1khz floor_jitter_p99_us_1khz "
+        "warm_start_s cold_start_s node_cpu_pct_500hz floor_image_echo_p50_us"
+    ).split()
+    print("\nros: " + " ".join(f"{k}={r[k]}" for k in keys) + "\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end ROS 2 benchmark on the GPU machine (no ROS, no network there):
 #   bash bench/ros_gpu.sh OUT_DIR [ros_bench.py args...]
-# from the repository root, with the cp312 ROS wheels in .whl312/ (carried; bench/README.md).
+# from the repository root, with the cp312 ROS wheels in .whl312/ (carried): make them on the
+# development machine with `bash bench/fetch_whl312.sh` (derived from .venv, then checked).
 #  1. .venv: a venv of python3 (the one with torch) that also sees that interpreter's packages,
 #     with .whl312/*.whl installed offline (skipped when already done on a warm machine);
 #  2. the colcon build of flashrt_ros into install/, as `make build` does (skipped when done);
-#  3. bench/ros_bench.py --device cuda --out OUT_DIR/ros.json (node logs in OUT_DIR/ros_logs).
+#  3. bench/ros_bench.py --device cuda --out OUT_DIR/ros.json (node and floor logs in
+#     OUT_DIR/ros_logs): cold and warm start, timer rates (1 kHz for 60 s), services, lockstep,
+#     and the bare-rclpy floors (bench/ros_floors.py); about 4-5 minutes on the H200.
 # Env: PYTHON (python3), WHEELS (.whl312), DEVICE (cuda). DDS stays on loopback (env.sh).
 set -eo pipefail
 
@@ -30,7 +33,9 @@ command -v "$PY" >/dev/null || die "no $PY"
   say "warning: $PY is $("$PY" -V 2>&1), the wheels in $WHEELS are for CPython 3.12"
 "$PY" -c 'import numpy, torch' || die "$PY cannot import numpy and torch"
 for tool in cmake gcc g++; do command -v $tool >/dev/null || die "no $tool on PATH"; done
-ls "$WHEELS"/*.whl >/dev/null 2>&1 || die "no wheels in $WHEELS (carry it: bench/README.md)"
+if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  die "no wheels in $WHEELS: run 'bash bench/fetch_whl312.sh' on the development machine (it derives the cp312 wheel set from .venv and checks it), then carry $WHEELS"
+fi
 say "python $("$PY" -V 2>&1 | cut -d' ' -f2), torch $("$PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available())'), $(cmake --version | head -1), gcc $(gcc -dumpversion), $(ls "$WHEELS"/*.whl | wc -l) wheels"
 
 # ---- 1. venv with the wheels
@@ -67,7 +72,7 @@ fi
 # numpy lives outside .venv (the image's): env.sh finds no numpy include in the venv, give it.
 export FLASHRT_NUMPY_INCLUDE="$("$VENV/bin/python" -c 'import numpy; print(numpy.get_include())')"
 [ "$VIRTUAL_ENV" = "$VENV" ] || die "env.sh did not activate $VENV"
-python -c 'import rclpy, colcon_core, catkin_pkg, em, lark' || die "the venv lacks a ROS package"
+python -c 'import rclpy, colcon_core, catkin_pkg, em, lark, argcomplete' || die "the venv lacks a ROS package"
 command -v colcon >/dev/null || die "no colcon in $VENV/bin"
 
 key="$( { find flashrt_ros scripts launch config msg srv -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort; \

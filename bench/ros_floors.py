@@ -1,0 +1,196 @@
+"""Bare-rclpy floors for bench/ros_bench.py: what plain rclpy nodes cost on the same machine.
+
+Each floor is a separate process running a plain rclpy node (one SingleThreadedExecutor in the
+main thread), started by ros_bench.py in the harness's domain with LOCALHOST discovery:
+
+    python bench/ros_floors.py echo          # joint_states (JointState, depth 100 as the node's
+                                             #   observation trigger) -> commands (Float64MultiArray
+                                             #   of the positions, depth 10)
+    python bench/ros_floors.py service       # ~/list_capsules (flashrt_ros/ListCapsules), answers
+                                             #   with an empty response at once
+    python bench/ros_floors.py timer RATE    # a thread with absolute deadlines and the node's
+                                             #   sleep-then-spin wait (flashrt_ros/node/loop.py
+                                             #   TimerLoop) publishing commands, no work
+    python bench/ros_floors.py image         # image_raw (sensor_msgs/Image) -> image_echo, the
+                                             #   same message object published back as-is
+
+SIGINT or SIGTERM ends a floor cleanly (exit 0); the timer floor then prints one JSON line with
+its own loop statistics (wake-up lateness, overruns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOOR_NAME = "flashrt_floor"
+
+try:  # the same spin margin as the node's loop; its module may be mid-edit: fall back
+    from flashrt_ros.node.loop import SPIN_S
+except Exception:  # pragma: no cover
+    SPIN_S = 0.0002
+
+
+def launch_floor(ros, kind: str, *args: str, log_dir: Path):
+    """Start a floor process in `ros`'s domain (LOCALHOST discovery); returns a NodeProcess
+    (test/ros_helpers.py) that the harness stops (SIGINT) when it closes."""
+    from test.ros_helpers import NodeProcess
+
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"floor_{kind}{'_' + '_'.join(args) if args else ''}_{os.getpid()}.log"
+    env = dict(os.environ)
+    env["ROS_DOMAIN_ID"] = str(ros.domain_id)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log_path, "wb") as log:
+        cmd = [sys.executable, str(Path(__file__).resolve()), kind, *args]
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        p = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+    proc = NodeProcess(p, log_path, FLOOR_NAME, "")
+    ros.processes.append(proc)
+    return proc
+
+
+def floor_summary(proc) -> dict:
+    """The last JSON line a floor printed to its log (the timer floor's loop statistics)."""
+    try:
+        lines = proc.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            return d
+    return {}
+
+
+# ------------------------------------------------------------------------------------------------
+def _timer_thread(node, pub, rate: float, stop: threading.Event, stats: dict) -> None:
+    """TimerLoop._run without the tick: absolute deadlines, sleep, spin the last SPIN_S."""
+    from std_msgs.msg import Float64MultiArray
+
+    period = 1.0 / rate
+    msg = Float64MultiArray()
+    late: list[float] = []
+    overruns = k = 0
+    deadline = time.monotonic() + period
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining > SPIN_S and stop.wait(remaining - SPIN_S):
+            break
+        while time.monotonic() < deadline:
+            pass
+        late.append(time.monotonic() - deadline)
+        msg.data = [float(k)] * 6
+        try:
+            pub.publish(msg)
+        except Exception:  # the context went away under us: stop quietly
+            break
+        k += 1
+        deadline += period
+        now = time.monotonic()
+        if now > deadline:  # overran the next deadline: skip the lost ones (as TimerLoop)
+            missed = int((now - deadline) / period) + 1
+            overruns += missed
+            deadline += missed * period
+    late_us = sorted(x * 1e6 for x in late[100:] or late)  # past the first ~0.1-0.2 s
+    q = lambda p: round(late_us[min(len(late_us) - 1, int(p / 100 * len(late_us)))], 1)  # noqa: E731
+    stats.update(
+        published=k,
+        overruns=overruns,
+        wake_late_p50_us=q(50) if late_us else None,
+        wake_late_p99_us=q(99) if late_us else None,
+        wake_late_max_us=round(late_us[-1], 1) if late_us else None,
+    )
+
+
+def floor_main(kind: str, rate: float | None) -> int:
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
+
+    stop = threading.Event()
+    # no rclpy signal handlers: a signal only sets `stop`, the context stays valid until the end
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    node = rclpy.create_node(FLOOR_NAME)
+    stats: dict = {"floor": kind}
+    thread = None
+    if kind == "echo":
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+
+        pub = node.create_publisher(Float64MultiArray, "commands", 10)
+
+        def on_js(msg) -> None:
+            out = Float64MultiArray()
+            out.data = list(msg.position)
+            pub.publish(out)
+
+        node.create_subscription(JointState, "joint_states", on_js, 100)
+    elif kind == "image":
+        from sensor_msgs.msg import Image
+
+        pub = node.create_publisher(Image, "image_echo", 10)
+        node.create_subscription(Image, "image_raw", pub.publish, 10)
+    elif kind == "service":
+        from flashrt_ros.srv import ListCapsules
+
+        node.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    elif kind == "timer":
+        from std_msgs.msg import Float64MultiArray
+
+        if not rate:
+            print("ros_floors: timer needs a rate", file=sys.stderr)
+            return 2
+        # as the node's main(): the control thread gets the GIL back promptly
+        sys.setswitchinterval(0.0005)
+        pub = node.create_publisher(Float64MultiArray, "commands", 10)
+        thread = threading.Thread(
+            target=_timer_thread, args=(node, pub, rate, stop, stats), daemon=True
+        )
+    else:
+        print(f"ros_floors: unknown floor {kind!r}", file=sys.stderr)
+        return 2
+    ex = SingleThreadedExecutor()
+    ex.add_node(node)
+    print(f"ros_floors: {kind} up (pid {os.getpid()})", flush=True)
+    if thread is not None:
+        thread.start()
+    try:
+        while not stop.is_set():
+            ex.spin_once(timeout_sec=0.05)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=5.0)
+        ex.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.shutdown()
+    if kind == "timer":
+        print(json.dumps(stats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) >= 2 else 2)
+    sys.exit(floor_main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -33,6 +33,7 @@ __all__ = [
     "write_inputs",
     "read_commands",
     "write_commands",
+    "write_recording",
 ]
 
 STORAGES = ("sqlite3", "mcap")
@@ -364,6 +365,42 @@ def write_commands(
         conn = w.add_connection(topic, FLOAT64_MULTI_ARRAY, typestore=ts)
         for stamp, raw in rows:
             w.write(conn, stamp, raw)
+
+    _write(path, storage, fill)
+
+
+def write_recording(
+    path: str | Path,
+    events: Sequence[InputEvent],
+    commands: Sequence[tuple[int, np.ndarray]],
+    storage: str = "sqlite3",
+    joint_states_topic: str = "/joint_states",
+    goal_topic: str = "/goal",
+    commands_topic: str = "/commands",
+) -> None:
+    """One bag of a live run: its inputs (joint_states, goals) and the commands the node sent,
+    each at its receive time, as ``ros2 bag record`` would keep them. Refuses an existing path."""
+    ts = typestore()
+    rows = []
+    for e in events:
+        if e.kind == "joint_states":
+            rows.append((_check_stamp(e.stamp_ns), 0, _joint_state_msg(e)))
+        elif e.kind == "goal":
+            rows.append((_check_stamp(e.stamp_ns), 1, _float64_multi_array_msg(e.data)))
+        else:
+            raise ValueError(f"unknown event kind {e.kind!r}")
+    rows += [(_check_stamp(s), 2, _float64_multi_array_msg(v)) for s, v in commands]
+    rows.sort(key=lambda r: r[0])  # stable: ties keep their order
+    types = (JOINT_STATE, FLOAT64_MULTI_ARRAY, FLOAT64_MULTI_ARRAY)
+
+    def fill(w: Writer) -> None:
+        conns = [
+            w.add_connection(joint_states_topic, JOINT_STATE, typestore=ts),
+            w.add_connection(goal_topic, FLOAT64_MULTI_ARRAY, typestore=ts),
+            w.add_connection(commands_topic, FLOAT64_MULTI_ARRAY, typestore=ts),
+        ]
+        for stamp, which, msg in rows:
+            w.write(conns[which], stamp, ts.serialize_cdr(msg, types[which]))
 
     _write(path, storage, fill)
 

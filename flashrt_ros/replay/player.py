@@ -98,6 +98,35 @@ def play(
     return res
 
 
+STAMP_SLACK_NS = 1000  # a capsule header keeps its stamp as float seconds: ~0.2 us of rounding
+
+
+def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEvent], int]:
+    """The events after the last joint_states consumed by a capsule stamped `stamp` (seconds:
+    the header stamp of that joint_states, or its receive time when it had none), and how many
+    joint_states come before them. stamp 0 (step 0: nothing consumed yet) keeps every event.
+    Goals before that point are already in the capsule's state, so they are left out too."""
+    if stamp <= 0:
+        return list(events), 0
+    limit = round(stamp * 1e9) + STAMP_SLACK_NS
+    last = -1
+    for i, e in enumerate(events):
+        if e.kind == "joint_states" and (e.header_ns or e.stamp_ns) <= limit:
+            last = i
+    if last < 0:
+        raise ValueError(
+            f"the bag has no joint_states at or before the capsule's stamp {stamp:.9f} s: "
+            "it does not hold the run the capsule comes from"
+        )
+    rest = events[last + 1 :]
+    if not any(e.kind == "joint_states" for e in rest):
+        raise ValueError(
+            f"the bag has no joint_states after the capsule's stamp {stamp:.9f} s: "
+            "nothing to replay"
+        )
+    return rest, sum(e.kind == "joint_states" for e in events[: last + 1])
+
+
 class EngineDriver:
     """Offline: the same schedule straight into an Engine (no DDS)."""
 

@@ -8,7 +8,7 @@ import sys
 
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.replay import bags
-from flashrt_ros.replay.player import EngineDriver, play
+from flashrt_ros.replay.player import EngineDriver, events_after, play
 
 EPILOG = """
 The node must run with trigger:=observation (one step per joint_states message):
@@ -19,6 +19,11 @@ Commands are recorded with the stamp of the observation they answer, in IN_BAG's
 
 --offline runs the same schedule through the Engine in this process (no DDS), for regression
 checks where no node runs; it gives the same commands as the node on the same device.
+--from-capsule FILE (with --offline) starts the session from a capsule file, e.g. one tick of a
+flight dump (~/dump_flight: capsule_dir/flight/<session>-<time>/<session>-<step>.fcap), and plays
+the bag's messages after the joint_states that state consumed last (the capsule's header stamp:
+that message's header stamp). On the machine that recorded the bag, the commands are the node's
+own from that tick on, bit for bit.
 Exit status: 0 done, 2 bad input (bag, topic, node missing or misconfigured).
 """
 
@@ -54,6 +59,11 @@ def parse(argv):
     ap.add_argument("--storage", choices=bags.STORAGES, help="output storage (default: IN_BAG's)")
     off = ap.add_argument_group("offline (no node, no DDS)")
     off.add_argument("--offline", action="store_true", help="step an in-process Engine instead")
+    off.add_argument(
+        "--from-capsule",
+        metavar="FILE",
+        help="start from this capsule file (a flight dump tick) and replay what followed it",
+    )
     off.add_argument("--policy", default="builtin:hybrid")
     off.add_argument("--weights", default="")
     off.add_argument("--device", default="cpu")
@@ -66,6 +76,13 @@ def parse(argv):
     a = ap.parse_args(argv)
     if a.rate < 0:
         ap.error("--rate must be >= 0")
+    if a.from_capsule and not a.offline:
+        ap.error(
+            "--from-capsule needs --offline: the node has no service that loads a capsule file "
+            "(restore one it holds with ~/restore, or rewind it with ~/rewind)"
+        )
+    if a.from_capsule and a.checkpoint_at is not None:
+        ap.error("--from-capsule does not combine with --checkpoint-at/--restore-at")
     return a
 
 
@@ -76,6 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic)
         if os.path.exists(a.out_bag):
             raise ValueError(f"{a.out_bag} exists; choose a new OUT_BAG")
+        start = None
+        if a.from_capsule:
+            start = _capsule_header(a.from_capsule)
+            events, skipped = events_after(events, start["stamp"])
+            print(
+                f"flashrt-replay: from capsule {a.from_capsule} (session {start['session']!r}, "
+                f"step {start['step']}): {skipped} joint_states before it left out",
+                file=sys.stderr,
+            )
         n_js = sum(e.kind == "joint_states" for e in events)
         print(
             f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
@@ -83,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         if a.offline:
-            result = _offline(a, events)
+            result = _offline(a, events, start)
         else:
             result = _through_node(a, events)
         bags.write_commands(a.out_bag, result.commands, storage=storage)
@@ -103,10 +129,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _offline(a, events):
+def _capsule_header(path: str) -> dict:
+    """The checked header of a capsule file; its stamp says where in the bag to start."""
+    from flashrt_ros.capsules import diskfmt
+
+    header = diskfmt.read_capsule_header(path)  # CorruptCapsule (a ValueError) names the problem
+    if header["stamp"] <= 0 and header["step"] > 0:
+        raise ValueError(
+            f"{path}: capsule of step {header['step']} carries no observation stamp (a tick "
+            "the node did not stamp, e.g. the first after a restore); cannot find where to start"
+        )
+    return header
+
+
+def _offline(a, events, start: dict | None = None):
     from flashrt_ros import Engine, load_policy
 
-    engine = Engine(load_policy(a.policy, weights=a.weights or None), device=a.device, seed=a.seed)
+    engine = Engine(
+        load_policy(a.policy, weights=a.weights or None),
+        device=a.device,
+        seed=a.seed,
+        # a flight ring of one: the node that recorded a flight dump steps with its ring write
+        flight_ticks=1 if start is not None else 0,
+    )
+    if start is not None:  # fingerprint, layout, checksum checked: a foreign file is refused
+        info = engine.load_capsule(a.from_capsule)
+        engine.restore(info.id, session="main", verify=True)
     mapper = JointMapper([j for j in a.joints.split(",") if j])
     return play(
         events,

@@ -1,0 +1,122 @@
+"""The flight recorder over DDS: ~/rewind (by ticks, by time, keep), its refusals, the
+diagnostics, and the automatic dumps within their disk bound.
+
+One node with the recorder on (observation trigger, 8 ticks) and one with it off, started
+together. Observations carry header stamps, as a robot driver's do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from builtin_interfaces.msg import Time
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
+from sensor_msgs.msg import JointState
+
+from flashrt_ros.srv import DumpFlight, Rewind
+from test.node_client import JOINTS, NodeClient
+
+RING = 8
+OBS = np.random.default_rng(7).uniform(-0.5, 0.5, size=(16, 12))
+T0 = 1_700_000_000  # stamps of OBS[i]: T0 s + i * 10 ms
+
+
+def stamp(i: int, extra_ns: int = 0) -> Time:
+    ns = i * 10_000_000 + extra_ns
+    return Time(sec=T0 + ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_path):
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    off = ros.start_node(
+        {"trigger": "observation", "device": "cpu"},
+        name="flashrt_off",
+        namespace="off",
+        wait_services=("rewind", "dump_flight"),
+    )
+    proc = ros.start_node(
+        {
+            "trigger": "observation",
+            "device": "cpu",
+            "flight_ticks": RING,
+            "capsule_dir": str(capdir),
+            "flight_dump_max_mb": 1.0,  # one dump of 8 ticks (~0.6 MB) fits, two do not
+            "flight_dump_interval_s": 0.0,
+        },
+        wait_services=("rewind", "dump_flight", "change_state"),
+    )
+    node = NodeClient(ros, proc)
+    js = ros.node.create_publisher(JointState, proc.topic("joint_states"), 100)
+
+    def step(i: int) -> np.ndarray:
+        n = len(node.commands)
+        o = OBS[i]
+        m = JointState(name=JOINTS, position=o[:6].tolist(), velocity=o[6:].tolist())
+        m.header.stamp = stamp(i)
+        js.publish(m)
+        assert ros.spin_until(lambda: len(node.commands) > n, 10), proc.log_tail()
+        return node.commands[n]
+
+    def rewind(p=proc, **fields) -> Rewind.Response:
+        return ros.call(ros.client(Rewind, p.service("rewind")), Rewind.Request(**fields), 10)
+
+    first = [step(i) for i in range(12)]  # steps 1..12; the recorder holds steps 5..12
+
+    # k ticks back: the same observations give the same commands, bit for bit; keep = a capsule
+    r = rewind(steps_back=3, keep=True)
+    assert r.success and r.step == 9 and r.capsule.step == 9, r.message
+    kept = r.capsule.id
+    assert [step(i).tobytes() for i in (9, 10, 11)] == [c.tobytes() for c in first[9:]]
+
+    # by time: the last tick at or before the stamp (obs 5 -> step 6), 3 ms later still step 6
+    r = rewind(stamp=stamp(5, 3_000_000))
+    assert r.success and r.step == 6 and r.capsule.id == "", r.message
+    assert step(6).tobytes() == first[6].tobytes()
+
+    # refused, and nothing changed: the next command still continues from step 7
+    for fields, needle in (
+        ({"steps_back": 0}, "steps_back must be in [1, 2]"),
+        ({"steps_back": 3}, "holds steps 5..7"),
+        ({"steps_back": 1, "session": "nope"}, "nope"),
+        ({"steps_back": 1, "session": "_rollout"}, "reserved"),
+        ({"stamp": stamp(0, -1)}, "no recorded tick"),
+        ({"stamp": Time(sec=5)}, "no recorded tick"),
+    ):
+        r = rewind(**fields)
+        assert not r.success and needle in r.message, (fields, r.message)
+    for p in (off,):
+        r = rewind(p, steps_back=1)
+        assert not r.success and "flight recorder is off" in r.message, r.message
+        d = ros.call(ros.client(DumpFlight, p.service("dump_flight")), DumpFlight.Request(), 10)
+        assert not d.success and "flight_ticks > 0" in d.message, d.message
+    listed = node.call("list_capsules")
+    assert [c.id for c in listed.capsules] == [kept] and listed.capsules[0].step == 9
+    again = [step(i).tobytes() for i in range(7, 12)]  # from step 7 on: nothing moved
+    assert again == [c.tobytes() for c in first[7:]]
+
+    d = node.wait_diag(lambda d: d.get("flight_depth") == str(RING))
+    assert int(d["flight_bytes"]) == RING * listed.capsules[0].nbytes
+
+    # automatic dumps at deactivate, oldest removed to stay within flight_dump_max_mb
+    change = ros.client(ChangeState, proc.service("change_state"))
+    flight = capdir / "flight"
+    for i in range(3):
+        for t in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
+            req = ChangeState.Request(transition=Transition(id=t))
+            assert ros.call(change, req, 30).success
+        assert ros.spin_until(
+            lambda i=i: (
+                f"dumped {RING} ticks" in proc.log_tail(400)
+                and proc.log_tail(400).count("deactivate) to") == i + 1
+            ),
+            20,
+        )
+    dumps = sorted(p.name for p in flight.iterdir())
+    assert len(dumps) == 1 and dumps[0].endswith("-deactivate"), dumps
+    assert "removed" in proc.log_tail(400)
+    total = sum(f.stat().st_size for f in (flight / dumps[0]).iterdir())
+    assert total <= 1e6
+    assert sorted(f.name for f in (flight / dumps[0]).iterdir()) == sorted(
+        f"main-{s}.fcap" for s in range(5, 13)
+    )

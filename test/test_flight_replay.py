@@ -1,0 +1,115 @@
+"""A tick of a live run, reproduced offline from the node's flight dump, bit for bit.
+
+The sim arm and the node (observation trigger, flight recorder on) run closed loop over DDS;
+this process records joint_states, the goal and the node's commands into a rosbag2 bag with the
+replay tools' writer. After ~/dump_flight, `flashrt-replay --offline --from-capsule` starts from
+the dumped tick 1234 and replays the bag's messages after that tick's stamp: its commands must
+equal the ones the node sent from that tick on, exactly (same machine).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+
+from flashrt_ros import Engine, load_policy
+from flashrt_ros.capsules import diskfmt
+from flashrt_ros.replay import bags
+from flashrt_ros.replay.bagdiff_cli import main as bagdiff
+from flashrt_ros.replay.bags import InputEvent
+from flashrt_ros.replay.replay_cli import main as replay
+from flashrt_ros.srv import DumpFlight
+from test.ros_helpers import INSTALL_PREFIX, launch_node
+
+SIM = INSTALL_PREFIX / "lib" / "flashrt_ros" / "flashrt_sim_arm"
+TICK = 1234
+RING = 160  # holds tick 1234 when the run stops within RING ticks after it
+STOP_AT = 1270  # commands seen here before the sim is stopped
+GOAL = [0.3, -0.4, 0.5, 0.2, -0.1, 0.25]
+
+
+def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_path, capsys):
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    node = ros.start_node(
+        {
+            "trigger": "observation",
+            "device": "cpu",
+            "flight_ticks": RING,
+            "capsule_dir": str(capdir),
+        },
+        wait_services=("list_capsules", "dump_flight"),
+    )
+    events: list[InputEvent] = []
+    commands: list[tuple[int, np.ndarray]] = []
+
+    def on_js(m: JointState) -> None:
+        events.append(
+            InputEvent(
+                kind="joint_states",
+                stamp_ns=time.time_ns(),
+                names=list(m.name),
+                position=np.array(m.position),
+                velocity=np.array(m.velocity),
+                header_ns=m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec,
+            )
+        )
+
+    n = ros.node
+    n.create_subscription(JointState, "/joint_states", on_js, 1000)
+
+    def on_cmd(m: Float64MultiArray) -> None:
+        commands.append((time.time_ns(), np.array(m.data)))
+
+    n.create_subscription(Float64MultiArray, "/commands", on_cmd, 1000)
+    goal = n.create_publisher(Float64MultiArray, "/goal", 10)
+    env = dict(os.environ, ROS_DOMAIN_ID=str(ros.domain_id))
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    sim = launch_node(
+        {"rate_hz": 200.0},
+        log_dir=ros.log_dir,
+        name="flashrt_sim_arm",
+        params_file=None,
+        executable=SIM,
+        env=env,
+    )
+    ros.processes.append(sim)  # stopped at teardown whatever happens
+    assert ros.spin_until(lambda: len(commands) >= 200, 30), node.log_tail() + sim.log_tail()
+    goal.publish(Float64MultiArray(data=GOAL))  # before tick 1234: the dumped state holds it
+    events.append(InputEvent(kind="goal", stamp_ns=time.time_ns(), data=np.array(GOAL)))
+    assert ros.spin_until(lambda: len(commands) >= STOP_AT, 30), node.log_tail()
+    sim.stop()
+    last = -1
+    while last != len(commands):  # the node answers the last joint_states, then it is quiet
+        last = len(commands)
+        ros.spin_for(0.3)
+
+    r = ros.call(ros.client(DumpFlight, node.service("dump_flight")), DumpFlight.Request(), 30)
+    assert r.success, r.message
+    files = [Path(f) for f in r.files]
+    steps = [diskfmt.read_capsule_header(f)["step"] for f in files]
+    assert steps == list(range(steps[0], steps[0] + len(files))) and len(files) == RING
+    assert all(f.parent.parent == capdir / "flight" for f in files)
+    newest = steps[-1]  # the node's step count: every tick it made is a command it sent
+    assert steps[0] <= TICK < newest, (steps[0], newest)
+    dumped = files[steps.index(TICK)]
+    assert dumped.name == f"main-{TICK}.fcap"
+
+    run, out, expected = tmp_path / "run", tmp_path / "replayed", tmp_path / "expected"
+    bags.write_recording(run, events, commands)
+    assert bags.read_commands(run)[-1][1].tobytes() == commands[-1][1].tobytes()
+    # the node's commands from tick 1234 on: the last (newest - 1234) it sent
+    bags.write_commands(expected, commands[-(newest - TICK) :])
+    capsys.readouterr()
+    assert replay([str(run), str(out), "--offline", "--from-capsule", str(dumped)]) == 0
+    assert f"{newest - TICK} commands" in capsys.readouterr().out
+    assert bagdiff([str(expected), str(out)]) == 0  # exact: no --atol
+    assert "identical" in capsys.readouterr().out
+
+    # a dump lives in a subfolder: an engine on that capsule_dir reloads none of it
+    assert Engine(load_policy("builtin:hybrid"), device="cpu", capsule_dir=capdir).capsules() == []

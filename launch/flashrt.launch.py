@@ -1,7 +1,8 @@
 """Launch the flashrt node: `ros2 launch flashrt_ros flashrt.launch.py [namespace:=arm] ...`.
 
 device:=... and trigger:=... override the params file only when given; left empty, the params
-file decides (so a robot's own YAML is never silently overridden by a launch default).
+file decides (so a robot's own YAML is never silently overridden by a launch default). The node
+checks every parameter (`flashrt_node --help` lists them) and exits with status 2 on a bad one.
 """
 
 import os
@@ -11,6 +12,12 @@ from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+
+from flashrt_ros.node.params import NODE_PARAMS
+
+
+def _override(name: str) -> str:
+    return f"override: {NODE_PARAMS[name].accepts()} (empty: the params file decides)"
 
 
 def _node(context):
@@ -45,12 +52,8 @@ def generate_launch_description():
         DeclareLaunchArgument(
             "params_file", default_value=default_params, description="parameters YAML file"
         ),
-        DeclareLaunchArgument(
-            "device", default_value="", description='override: "auto" | "cuda" | "cuda:N" | "cpu"'
-        ),
-        DeclareLaunchArgument(
-            "trigger", default_value="", description='override: "timer" | "observation"'
-        ),
+        DeclareLaunchArgument("device", default_value="", description=_override("device")),
+        DeclareLaunchArgument("trigger", default_value="", description=_override("trigger")),
         DeclareLaunchArgument(
             "joint_states_topic", default_value="joint_states", description="observation topic"
         ),

@@ -12,25 +12,13 @@ import yaml
 
 from test.ros_helpers import INSTALL_PREFIX, NODE_EXECUTABLE, PARAMS_FILE, REPO_ROOT
 
-# DESIGN.md section 5: every parameter and its default
-DEFAULTS = {
-    "policy": "builtin:hybrid",
-    "weights": "",
-    "device": "auto",
-    "trigger": "timer",
-    "rate_hz": 100.0,
-    "joint_names": [f"joint{i}" for i in range(1, 7)],
-    "output": "commands",
-    "obs_timeout_s": 0.5,
-    "capsule_slots": 16,
-    "host_capsule_slots": 0,
-    "capsule_dir": "",
-    "max_sessions": 4,
-    "seed": 0,
-    "autostart": True,
-}
 
-EXTENSION_DEFAULTS = {"publish_offset_s": 0.0}  # beyond DESIGN.md section 5
+def declared_defaults() -> dict:
+    """Every parameter and its default, from the one table (flashrt_ros/node/params.py)."""
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    return NODE_PARAMS.defaults()
+
 
 SERVICES = ["Checkpoint", "Restore", "Branch", "ListCapsules", "DropCapsule", "Rollout"]
 EXECUTABLES = ["flashrt_node", "flashrt-replay", "flashrt-bagdiff", "flashrt_sim_arm"]
@@ -45,8 +33,13 @@ def test_dds_isolation_env(ros_domain):
 def test_params_file_has_every_default():
     data = yaml.safe_load(PARAMS_FILE.read_text())
     params = data["/**"]["ros__parameters"]
-    assert params == {**DEFAULTS, **EXTENSION_DEFAULTS}
-    assert type(params["rate_hz"]) is float and type(params["obs_timeout_s"]) is float
+    declared = declared_defaults()
+    assert params == declared, "regenerate: python -m flashrt_ros.node.params --yaml"
+    assert list(params) == list(declared)  # in the table's order
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    for p in NODE_PARAMS:  # each value has the declared type (rclpy types by value)
+        assert isinstance(params[p.name], list if p.kind.endswith("_array") else p.pytype), p.name
 
 
 def test_launch_file_declares_args_and_default_params():
@@ -72,7 +65,7 @@ def test_launch_file_declares_args_and_default_params():
     installed = INSTALL_PREFIX / "share" / "flashrt_ros" / "config" / "flashrt.yaml"
     assert installed.is_file(), "config not installed: run `make setup`"
     params = yaml.safe_load(installed.read_text())["/**"]["ros__parameters"]
-    assert params == {**DEFAULTS, **EXTENSION_DEFAULTS}
+    assert params == declared_defaults()
 
 
 def test_package_xml():

@@ -30,10 +30,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flashrt_ros.node.params import DEFAULT_JOINTS  # noqa: E402
 from flashrt_ros.replay.bags import InputEvent, write_inputs  # noqa: E402
 from flashrt_ros.sim.dynamics import ArmModel  # noqa: E402
 
-JOINTS = [f"joint{i}" for i in range(1, 7)]
+JOINTS = list(DEFAULT_JOINTS)
 EXTRA = ["gripper_finger_left", "base_rotation_aux"]
 T0_NS = 1_700_000_000_000_000_000  # fixed bag start (2023-11-14T22:13:20Z)
 PERIOD_NS = 10_000_000  # 100 Hz

@@ -1,41 +1,118 @@
-"""flashrt_node: `ros2 run flashrt_ros flashrt_node [--ros-args ...]`."""
+"""flashrt_node: `ros2 run flashrt_ros flashrt_node [--ros-args ...]`.
+
+Exit status: 0 after Ctrl-C or a shutdown, 2 on a bad parameter (each named, with what it
+accepts) or a failed autostart configure.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Sequence
 
-import rclpy
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.lifecycle import TransitionCallbackReturn
-
-USAGE = """usage: flashrt_node [--ros-args -p NAME:=VALUE ... | --params-file FILE]
+USAGE = """usage: flashrt_node [--ros-args -p NAME:=VALUE ... --params-file FILE]
 
 Serves a stateful robot policy as a captured CUDA graph (ROS 2 LifecycleNode 'flashrt').
-Subscribes joint_states and goal, publishes commands / joint_trajectory and /diagnostics, and
-offers ~/checkpoint ~/restore ~/branch ~/list_capsules ~/drop_capsule ~/rollout.
-Parameters (defaults in config/flashrt.yaml):
+Subscribes joint_states and goal; publishes commands and/or joint_trajectory, and /diagnostics.
+A bad parameter makes it exit with status 2, naming the parameter and what it accepts.
 """
 
+# the private services (srv/*.srv), as `~/name` relative to the node
+SERVICES = [
+    ("checkpoint", "freeze a session (default: the live one) into a capsule"),
+    ("restore", "bring a capsule (id or name) back into a session"),
+    ("branch", "fork a capsule into a new or existing session, optionally with a new goal"),
+    ("list_capsules", "the pool's capsules, the sessions, the live session and bytes"),
+    ("drop_capsule", "drop a capsule"),
+    ("drop_session", "drop a branch session (never main or the live one)"),
+    ("rollout", "what-if: step a session or a scratch fork on given observations"),
+    ("reset_session", "put a session back to its initial state (recovers a poisoned one)"),
+    ("rewind", "back to one of the last flight_ticks ticks (needs flight_ticks > 0)"),
+    ("dump_flight", "write a session's flight recorder ring into capsule_dir"),
+]
 
-def main(args: list[str] | None = None) -> int:
-    argv = sys.argv if args is None else args
+
+def usage() -> str:
+    """The --help text: the services and every parameter, from the parameter table."""
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    services = "\n".join(f"  ~/{name:<15} {text}" for name, text in SERVICES)
+    return (
+        f"{USAGE}\nServices:\n{services}\n\n"
+        f"Parameters (defaults in config/flashrt.yaml):\n{NODE_PARAMS.help_text()}\n"
+    )
+
+
+class _Interrupts:
+    """SIGINT raises KeyboardInterrupt once; after that (shutdown under way, e.g. `ros2 launch`
+    forwarding a second Ctrl-C while destroy_node runs) it is ignored, so the node still ends
+    cleanly. Installed before rclpy.init, whose own handler calls it after shutting rcl down."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+
+def _check_parameters(argv: Sequence[str]) -> None:
+    """ParamError for bad parameters, found on a throwaway node of the same name (so the same
+    remaps and params-file sections apply) before torch is imported."""
+    import rclpy
+
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    probe = rclpy.create_node("flashrt", enable_rosout=False, start_parameter_services=False)
+    try:
+        NODE_PARAMS.check(probe, argv)
+    finally:
+        probe.destroy_node()
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv if args is None else args)
     if any(a in ("-h", "--help") for a in argv[1:]) and "--ros-args" not in argv:
-        from flashrt_ros.node.params import PARAMETERS
-
-        print(USAGE + "\n".join(f"  {k:<20} {d!r:<18} {t}" for k, (d, t) in PARAMETERS.items()))
+        print(usage())
         return 0
-    from flashrt_ros.node.flashrt_node import FlashrtNode
+    interrupts = _Interrupts()
+    signal.signal(signal.SIGINT, interrupts)
+
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.logging import get_logger
+
+    from flashrt_ros.node.params import ParamError
 
     # The control thread must get the GIL back promptly after the executor thread ran Python.
     sys.setswitchinterval(0.0005)
-    rclpy.init(args=argv)
-    node = FlashrtNode()
-    # One executor thread: joint_states, goal and service callbacks run in arrival order, each
-    # a commit boundary (Python's MultiThreadedExecutor measured 25x slower round trips here).
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    rc = 0
     try:
+        rclpy.init(args=argv)
+    except KeyboardInterrupt:
+        return 0
+    except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
+        print(f"flashrt_node: error: {e}", file=sys.stderr)
+        return 2
+    node = executor = None
+    try:
+        try:
+            _check_parameters(argv)  # before the slow imports: a bad parameter fails at once
+            from flashrt_ros.node.flashrt_node import FlashrtNode
+
+            node = FlashrtNode()
+        except ParamError as e:
+            log = get_logger("flashrt")
+            for line in e.problems:
+                log.fatal(line)
+            log.fatal("bad parameters (see above); exiting with status 2")
+            return 2
+        # One executor thread: joint_states, goal and service callbacks run in arrival order,
+        # each a commit boundary (Python's MultiThreadedExecutor measured 25x slower round trips).
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
         if node.get_parameter("autostart").value:
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
@@ -45,14 +122,20 @@ def main(args: list[str] | None = None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        if node.active and node._loop is not None:
+        interrupts.stopping = True  # from here on a Ctrl-C changes nothing
+        if node is not None and node.active and node._loop is not None:
             node._loop.stop()
-        executor.shutdown(timeout_sec=1.0)
-        node.capsule_services.close()
-        node.destroy_node()
+        if executor is not None:
+            executor.shutdown(timeout_sec=1.0)
+        if node is not None:
+            node.capsule_services.close()
+            node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
-    return rc
+        # Python resets its handlers to the default (die by SIGINT) while it finalizes, which
+        # takes a while with DDS and torch threads about; an ignored signal stays ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,93 +1,739 @@
-"""The node's parameters (DESIGN.md section 5): declared with descriptors, checked at configure."""
+"""Node parameters: one table per node, from which everything else is derived.
+
+Each `Param` is declared once (name, default, type, range or choices, help, live or not). From a
+`ParamTable` come the ROS declaration (descriptors with type, ranges and read_only), the checks
+(the same for `--params-file`, `-p` and `ros2 param set`), the frozen config dataclass, `--help`
+and config/flashrt.yaml (`python -m flashrt_ros.node.params --yaml`). The sim arm uses the same
+mechanism for its own table.
+
+Importing this module needs no ROS (tools and the demo take DEFAULT_JOINTS from here); rclpy is
+imported by the functions that talk to a node.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import array
+import dataclasses
+import difflib
+import fnmatch
+import json
+import math
+import re
+import sys
+import textwrap
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-from rcl_interfaces.msg import ParameterDescriptor
+from flashrt_ros.errors import BadRequest
 
 DEFAULT_JOINTS = [f"joint{i}" for i in range(1, 7)]
 
-# name: (default, description)
-PARAMETERS: dict[str, tuple[object, str]] = {
-    "policy": (
-        "builtin:hybrid",
-        "policy spec: builtin:hybrid, package.module:factory or a .pt2 path",
-    ),
-    "weights": ("", "weights file for the policy ('' = the shipped weights)"),
-    "device": ("auto", "auto | cpu | cuda | cuda:N"),
-    "trigger": ("timer", "timer: step at rate_hz; observation: one step per joint_states message"),
-    "rate_hz": (100.0, "control rate in timer mode (also the chunk spacing of joint_trajectory)"),
-    "joint_names": (DEFAULT_JOINTS, "joints of the observation and the command, in order"),
-    "output": ("commands", "commands | joint_trajectory | both"),
-    "obs_timeout_s": (0.5, "older observations are stale: no step, no command, the robot holds"),
-    "publish_offset_s": (
-        0.0,
-        "timer mode: publish each command this long after its tick's deadline (0 = as soon as "
-        "computed); set above the step's p99 to trade latency for a steady output phase",
-    ),
-    "capsule_slots": (16, "GPU capsule pool slots, each one state arena"),
-    "host_capsule_slots": (0, "pinned-host slots that evicted capsules spill to (0 = drop)"),
-    "capsule_dir": ("", "folder for persisted capsules, reloaded at configure ('' = none)"),
-    "max_sessions": (4, "sessions that may exist at once (branches included)"),
-    "seed": (0, "seed of the policy's noise state"),
-    "obs_limit": (
-        1000.0,
-        "observations with any |value| above this are refused (a sanity bound, not joint limits)",
-    ),
-    "max_rollout_steps": (10000, "the longest ~/rollout request accepted"),
-    "autostart": (True, "configure and activate at start"),
+KINDS = ("string", "integer", "double", "bool", "string_array", "double_array")
+_PYTYPES = {
+    "string": str,
+    "integer": int,
+    "double": float,
+    "bool": bool,
+    "string_array": tuple[str, ...],
+    "double_array": tuple[float, ...],
+}
+# declared by rclpy itself on every node; never "unknown"
+_RCLPY_OWN = ("use_sim_time", "start_type_description_service", "qos_overrides.*")
+# rcl options that take an argument (so their argument is never read as a -p rule)
+_ROS_ARG_OPTIONS = {
+    "-r",
+    "--remap",
+    "-p",
+    "--param",
+    "--params-file",
+    "--log-level",
+    "--log-config-file",
+    "--log-file-name",
+    "-e",
+    "--enclave",
 }
 
 
-@dataclass(frozen=True)
-class NodeConfig:
-    policy: str
-    weights: str
-    device: str
-    trigger: str
-    rate_hz: float
-    joint_names: list[str]
-    output: str
-    obs_timeout_s: float
-    publish_offset_s: float
-    capsule_slots: int
-    host_capsule_slots: int
-    capsule_dir: str
-    max_sessions: int
-    seed: int
-    obs_limit: float
-    max_rollout_steps: int
-    autostart: bool
+class ParamError(BadRequest):
+    """One or more bad parameters; each line names one and says what it accepts."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
 
 
-def declare(node) -> None:
-    for name, (default, text) in PARAMETERS.items():
-        node.declare_parameter(name, default, ParameterDescriptor(description=text))
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter. `lo`/`hi` bound numbers (inclusive); `pattern` must match each string
+    (or array item) in full, `pattern_text` says so in words; `live` parameters may be set at
+    run time (validated, applied at once), the others are read-only: they need a reconfigure."""
+
+    name: str
+    default: Any
+    kind: str
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    pattern_text: str = ""
+    unique: bool = False
+    min_items: int = 0
+    live: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.kind in ("integer", "double") and (self.lo is None or self.hi is None):
+            raise ValueError(f"{self.name}: a number needs a range (lo and hi)")
+        self.convert(self.default)  # a default must pass its own checks
+
+    @property
+    def pytype(self) -> type:
+        return _PYTYPES[self.kind]
+
+    def accepts(self) -> str:
+        """What the parameter accepts, in words (for errors, --help and descriptors)."""
+        k = self.kind
+        if k == "bool":
+            return "true or false"
+        if k == "integer":
+            return f"an integer in [{_num(self.lo)}, {_num(self.hi)}]"
+        if k == "double":
+            return f"a finite number in [{_num(self.lo)}, {_num(self.hi)}]"
+        if k == "string":
+            if self.choices:
+                return "one of " + ", ".join(repr(c) for c in self.choices)
+            return self.pattern_text or "a string"
+        what = "names" if k == "string_array" else "finite numbers"
+        if k == "string_array" and self.pattern_text:
+            what = f"names ({self.pattern_text})"
+        text = f"a {'non-empty ' if self.min_items else ''}list of {what}"
+        if self.unique:
+            text += ", each at most once"
+        return text
+
+    def convert(self, value: Any) -> Any:
+        """The value in its config type (ints taken for doubles, arrays as tuples), or
+        ParamError naming the parameter, the value and what it accepts."""
+        try:
+            return self._convert(value)
+        except _Bad as e:
+            why = f" ({e.args[0]})" if e.args and e.args[0] else ""
+            raise ParamError(
+                [f"parameter {self.name}={_show(value)}{why}; accepts {self.accepts()}"]
+            ) from None
+
+    def _convert(self, v: Any) -> Any:
+        k = self.kind
+        if k == "bool":
+            if not isinstance(v, bool):
+                raise _Bad(_kind_of(v))
+            return v
+        if k in ("integer", "double"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise _Bad(_kind_of(v))
+            if k == "integer" and not isinstance(v, int):
+                raise _Bad("not an integer")
+            if not math.isfinite(v):
+                raise _Bad("not finite")
+            if not self.lo <= v <= self.hi:
+                raise _Bad("out of range")
+            return int(v) if k == "integer" else float(v)
+        if k == "string":
+            if not isinstance(v, str):
+                raise _Bad(_kind_of(v))
+            if self.choices and v not in self.choices:
+                raise _Bad("")
+            if self.pattern is not None and not re.fullmatch(self.pattern, v):
+                raise _Bad("")
+            return v
+        if v is None:  # rcl reads an empty YAML sequence as "not set"
+            v = []
+        if not isinstance(v, (list, tuple, array.array)):
+            raise _Bad("not a list")
+        items = list(v)
+        if len(items) < self.min_items:
+            raise _Bad("empty" if not items else "too few items")
+        if k == "string_array":
+            if not all(isinstance(x, str) and x for x in items):
+                raise _Bad("every item must be a non-empty string")
+            if self.pattern is not None:
+                bad = [x for x in items if not re.fullmatch(self.pattern, x)]
+                if bad:
+                    raise _Bad(f"{bad[0]!r} does not match")
+        else:
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items):
+                raise _Bad("every item must be a number")
+            items = [float(x) for x in items]
+            if not all(math.isfinite(x) for x in items):
+                raise _Bad("not finite")
+        if self.unique and len(set(items)) != len(items):
+            dup = next(x for i, x in enumerate(items) if x in items[:i])
+            raise _Bad(f"{dup!r} appears twice")
+        return tuple(items)
+
+    def yaml_value(self) -> str:
+        d = self.default
+        if self.kind == "bool":
+            return "true" if d else "false"
+        if self.kind == "double":
+            return repr(float(d))
+        if self.kind in ("string_array", "double_array"):
+            return json.dumps(list(d))
+        return json.dumps(d)
+
+    def descriptor(self, read_only: bool | None = None) -> Any:
+        """The rcl_interfaces ParameterDescriptor of this parameter."""
+        from rcl_interfaces.msg import (
+            FloatingPointRange,
+            IntegerRange,
+            ParameterDescriptor,
+            ParameterType,
+        )
+
+        types = {
+            "string": ParameterType.PARAMETER_STRING,
+            "integer": ParameterType.PARAMETER_INTEGER,
+            "double": ParameterType.PARAMETER_DOUBLE,
+            "bool": ParameterType.PARAMETER_BOOL,
+            "string_array": ParameterType.PARAMETER_STRING_ARRAY,
+            "double_array": ParameterType.PARAMETER_DOUBLE_ARRAY,
+        }
+        d = ParameterDescriptor(
+            name=self.name,
+            type=types[self.kind],
+            description=self.help,
+            additional_constraints=f"accepts {self.accepts()}",
+            read_only=(not self.live) if read_only is None else read_only,
+        )
+        if self.kind == "integer":
+            d.integer_range = [IntegerRange(from_value=int(self.lo), to_value=int(self.hi), step=1)]
+        elif self.kind == "double":
+            d.floating_point_range = [
+                FloatingPointRange(from_value=float(self.lo), to_value=float(self.hi), step=0.0)
+            ]
+        return d
+
+
+class _Bad(Exception):
+    pass
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _kind_of(v: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    return names.get(type(v), "a list" if isinstance(v, (list, tuple)) else type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    if v is None:  # rcl's empty list
+        return "[]"
+    return repr(v.tolist() if hasattr(v, "tolist") else v)
+
+
+class ParamTable:
+    """A node's parameters, in declaration order, and what is derived from them."""
+
+    def __init__(
+        self,
+        params: Sequence[Param],
+        config_name: str,
+        cross: Callable[[Mapping[str, Any]], list[str]] | None = None,
+    ):
+        names = [p.name for p in params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate parameter names in {names}")
+        self.params = {p.name: p for p in params}
+        self.cross = cross
+        # the config type: one field per parameter, so there is no second list to keep in sync
+        self.Config = dataclasses.make_dataclass(
+            config_name, [(p.name, p.pytype) for p in params], frozen=True
+        )
+        self.Config.__doc__ = "Checked parameter values; frozen, replaced whole on a live set."
+        self.config(self.defaults())  # the defaults must pass the cross checks too
+
+    def __iter__(self) -> Iterator[Param]:
+        return iter(self.params.values())
+
+    def __getitem__(self, name: str) -> Param:
+        return self.params[name]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.params)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self}
+
+    def config(self, values: Mapping[str, Any]) -> Any:
+        """Check every value (and the cross rules); ParamError lists every bad one."""
+        problems: list[str] = []
+        out: dict[str, Any] = {}
+        for p in self:
+            try:
+                out[p.name] = p.convert(values.get(p.name, p.default))
+            except ParamError as e:
+                problems += e.problems
+        if not problems and self.cross is not None:
+            problems += self.cross(out)
+        if problems:
+            raise ParamError(problems)
+        return self.Config(**out)
+
+    # -- text ------------------------------------------------------------------------------------
+    def help_text(self) -> str:
+        """One entry per parameter: type, default, what it accepts, live or read-only, help."""
+        lines = []
+        for p in self:
+            mode = "live: ros2 param set applies it" if p.live else "read-only"
+            lines.append(f"  {p.name} ({p.kind}, default {p.yaml_value()}; {mode})")
+            lines.append(f"      {p.help}")
+            lines.append(f"      accepts {p.accepts()}")
+        return "\n".join(lines)
+
+    def yaml_text(self, header: str) -> str:
+        """A params file with every default, each under its help (config/flashrt.yaml)."""
+        out = [f"# {line}".rstrip() for line in header.splitlines()]
+        out += ["/**:", "  ros__parameters:"]
+        for p in self:
+            mode = "live" if p.live else "read-only"
+            text = f"{p.help} ({mode}; accepts {p.accepts()})"
+            out += textwrap.wrap(
+                text,
+                99,
+                initial_indent="    # ",
+                subsequent_indent="    #   ",
+                break_on_hyphens=False,
+            )
+            out.append(f"    {p.name}: {p.yaml_value()}")
+        return "\n".join(out) + "\n"
+
+    # -- ROS -------------------------------------------------------------------------------------
+    def check(self, node, argv: Sequence[str] | None = None) -> Any:
+        """The config that `node`'s --params-file and -p overrides give, or ParamError listing
+        every bad parameter. Declares nothing, so it may run on a throwaway node."""
+        overrides = _overrides(node)
+        values = {p.name: overrides.get(p.name, p.default) for p in self}
+        problems: list[str] = []
+        cfg = None
+        try:
+            cfg = self.config(values)
+        except ParamError as e:
+            problems += e.problems
+        problems += self._dropped_cli(node, overrides, sys.argv if argv is None else argv)
+        if problems:
+            raise ParamError(list(dict.fromkeys(problems)))  # a -p rule may repeat a problem
+        return cfg
+
+    def declare(
+        self,
+        node,
+        argv: Sequence[str] | None = None,
+        on_change: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """Check and declare every parameter; returns the config, or raises ParamError (before
+        anything is declared) listing every bad one. `on_change(changes)` runs after a
+        successful `ros2 param set` of live parameters (values in config types)."""
+        from rclpy.parameter import Parameter
+
+        cfg = self.check(node, argv)
+        overrides = _overrides(node)
+        for p in self:
+            value = getattr(cfg, p.name)
+            if p.kind in ("string_array", "double_array"):
+                value = list(value)
+            if value == [] and p.kind.endswith("_array"):
+                # an empty list has no type of its own in rclpy: declare typed, then set it
+                ptype = Parameter.Type.STRING_ARRAY
+                if p.kind == "double_array":
+                    ptype = Parameter.Type.DOUBLE_ARRAY
+                node.declare_parameter(
+                    p.name, ptype, p.descriptor(read_only=False), ignore_override=True
+                )
+                node.set_parameters([Parameter(p.name, ptype, [])])
+                if not p.live:
+                    node.set_descriptor(p.name, p.descriptor())
+            else:
+                node.declare_parameter(p.name, value, p.descriptor(), ignore_override=True)
+
+        unknown = sorted(
+            n
+            for n in overrides
+            if n not in self.params and not any(fnmatch.fnmatch(n, o) for o in _RCLPY_OWN)
+        )
+        for n in unknown:
+            close = difflib.get_close_matches(n, self.names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            node.get_logger().warning(
+                f"unknown parameter {n!r} ignored{hint}; parameters: {', '.join(self.names)}"
+            )
+
+        node.add_pre_set_parameters_callback(self._coerce)
+        node.add_on_set_parameters_callback(lambda ps: self._check_set(node, ps))
+        if on_change is not None:
+            node.add_post_set_parameters_callback(
+                lambda ps: on_change(
+                    {q.name: self[q.name].convert(q.value) for q in ps if q.name in self.params}
+                )
+            )
+        return cfg
+
+    def read(self, node) -> Any:
+        """The node's current parameter values as a checked config."""
+        return self.config({p.name: node.get_parameter(p.name).value for p in self})
+
+    def _coerce(self, params: list) -> list:
+        """`ros2 param set rate 5` sends an INTEGER: store it as the double that is declared."""
+        from rclpy.parameter import Parameter
+
+        out = []
+        for q in params:
+            p = self.params.get(q.name)
+            if p is not None and p.kind == "double" and q.type_ == Parameter.Type.INTEGER:
+                q = Parameter(q.name, Parameter.Type.DOUBLE, float(q.value))
+            elif (
+                p is not None
+                and p.kind == "double_array"
+                and q.type_ == Parameter.Type.INTEGER_ARRAY
+            ):
+                q = Parameter(q.name, Parameter.Type.DOUBLE_ARRAY, [float(x) for x in q.value])
+            out.append(q)
+        return out
+
+    def _check_set(self, node, params: list):
+        """Refuse, with the reason, a set that would leave any parameter invalid."""
+        from rcl_interfaces.msg import SetParametersResult
+
+        values = {p.name: node.get_parameter(p.name).value for p in self}
+        for q in params:
+            if q.name in self.params:
+                values[q.name] = q.value
+        try:
+            self.config(values)
+        except ParamError as e:
+            return SetParametersResult(successful=False, reason=str(e))
+        return SetParametersResult(successful=True)
+
+    def _dropped_cli(self, node, overrides: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
+        """`-p` rules that rcl dropped without a word. rcl keeps the params file's value when a
+        `-p` value has another type (`-p capsule_slots:=abc`, `-p joint_names:=[]`), so the
+        command line is read here too and any such rule is reported."""
+        problems = []
+        for name, (raw, value) in cli_overrides(argv, node.get_name()).items():
+            p = self.params.get(name)
+            if p is None:
+                continue
+            try:
+                got = p.convert(value)
+            except ParamError as e:
+                problems += e.problems
+                continue
+            try:
+                delivered = p.convert(overrides.get(name, p.default))
+            except ParamError:
+                continue  # reported by the check of the delivered values
+            if got != delivered:
+                problems.append(
+                    f"parameter {name}: -p {name}:={raw} was not applied by rcl (the params "
+                    f"file's value {delivered!r} has another type); accepts {p.accepts()}"
+                )
+        return problems
+
+
+def _overrides(node) -> dict[str, Any]:
+    """What rcl parsed from --params-file and -p for this node. rclpy offers no public
+    accessor; the attribute has been there since Dashing."""
+    return {n: q.value for n, q in getattr(node, "_parameter_overrides", {}).items()}
+
+
+def cli_overrides(argv: Sequence[str], node_name: str) -> dict[str, tuple[str, Any]]:
+    """`-p [node:]name:=value` rules of the --ros-args sections that apply to `node_name` and
+    come after the last --params-file (rcl applies both in order): name -> (text, value)."""
+    rules: dict[str, tuple[str, Any]] = {}
+    in_ros, i = False, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--" and in_ros:
+            in_ros = False
+        elif in_ros and a in _ROS_ARG_OPTIONS and i + 1 < len(argv):
+            arg = argv[i + 1]
+            if a == "--params-file":
+                rules.clear()
+            elif a in ("-p", "--param") and ":=" in arg:
+                lhs, raw = arg.split(":=", 1)
+                target, _, name = lhs.rpartition(":")
+                if not target or fnmatch.fnmatch(node_name, target.lstrip("/")):
+                    rules[name] = (raw, rcl_value(raw))
+            i += 1
+        i += 1
+    return rules
+
+
+_RCL_TRUE = {"Y", "y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"}
+_RCL_FALSE = {"N", "n", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"}
+_RCL_INT = re.compile(r"\s*[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+_RCL_FLOAT = re.compile(
+    r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf|infinity|nan)", re.IGNORECASE
+)
+_RCL_SPECIAL = {".nan": math.nan, ".inf": math.inf, "-.inf": -math.inf}
+
+
+def rcl_scalar(text: str, quoted: bool) -> Any:
+    """A YAML scalar as rcl types it (parse.c): YAML 1.1 booleans, C strtol/strtod numbers
+    (0x10, 010, 1e-3, nan), anything else (and anything quoted) a string."""
+    if quoted:
+        return text
+    if text in _RCL_TRUE or text in _RCL_FALSE:
+        return text in _RCL_TRUE
+    if _RCL_INT.fullmatch(text):
+        t = text.strip()
+        sign = -1 if t.startswith("-") else 1
+        digits = t.lstrip("+-")
+        base = 16 if digits[:2] in ("0x", "0X") else 8 if digits.startswith("0") else 10
+        n = sign * int(digits, base)
+        if -(1 << 63) <= n < (1 << 63):
+            return n
+    if text.lower() in _RCL_SPECIAL:
+        return _RCL_SPECIAL[text.lower()]
+    if _RCL_FLOAT.fullmatch(text):
+        x = float(text)
+        overflow = math.isinf(x) and "inf" not in text.lower()
+        underflow = x == 0.0 and any(c in "123456789" for c in text.lower().split("e")[0])
+        if not (overflow or underflow):
+            return x
+    return text
+
+
+def rcl_value(raw: str) -> Any:
+    """The value of a `-p name:=raw` rule as rcl reads it (an empty list: None, as rcl has it)."""
+    import yaml
+
+    try:
+        node = yaml.compose(raw)
+    except yaml.YAMLError:
+        return raw
+    if node is None:
+        return raw
+    if isinstance(node, yaml.SequenceNode):
+        items = [
+            rcl_scalar(n.value, n.style is not None)
+            for n in node.value
+            if isinstance(n, yaml.ScalarNode)
+        ]
+        return items or None
+    if isinstance(node, yaml.ScalarNode):
+        return rcl_scalar(node.value, node.style is not None)
+    return raw
+
+
+# -- the flashrt node --------------------------------------------------------------------------
+
+
+def _node_cross(v: Mapping[str, Any]) -> list[str]:
+    if v["trigger"] == "timer" and v["publish_offset_s"] >= 1.0 / v["rate_hz"]:
+        return [
+            f"parameter publish_offset_s={v['publish_offset_s']!r}; accepts a value below "
+            f"the period 1/rate_hz = {1.0 / v['rate_hz']:.6g} s in timer mode"
+        ]
+    return []
+
+
+NAME_RE, NAME_TEXT = r"[A-Za-z0-9_]+", "letters, digits and _"
+
+NODE_PARAMS = ParamTable(
+    [
+        Param(
+            "policy",
+            "builtin:hybrid",
+            "string",
+            "policy spec: builtin:hybrid, package.module:factory or a .pt2 path",
+            pattern=r"(?s).*\S.*",
+            pattern_text="a non-empty string",
+        ),
+        Param("weights", "", "string", "weights file for the policy ('' = the shipped weights)"),
+        Param(
+            "device",
+            "auto",
+            "string",
+            "compute device: auto (CUDA when present), cpu, cuda or cuda:N",
+            pattern=r"auto|cpu|cuda(:[0-9]+)?",
+            pattern_text="'auto', 'cpu', 'cuda' or 'cuda:N'",
+        ),
+        Param(
+            "trigger",
+            "timer",
+            "string",
+            "timer: step at rate_hz; observation: one step per joint_states message",
+            choices=("timer", "observation"),
+        ),
+        Param(
+            "rate_hz",
+            100.0,
+            "double",
+            "control rate in timer mode (also the point spacing of joint_trajectory)",
+            lo=0.1,
+            hi=10000.0,
+        ),
+        Param(
+            "joint_names",
+            DEFAULT_JOINTS,
+            "string_array",
+            "joints of the observation and the command, in order",
+            unique=True,
+            min_items=1,
+        ),
+        Param(
+            "output",
+            "commands",
+            "string",
+            "what is published: commands, joint_trajectory or both",
+            choices=("commands", "joint_trajectory", "both"),
+        ),
+        Param(
+            "obs_timeout_s",
+            0.5,
+            "double",
+            "older observations are stale: no step, no command, the robot holds",
+            lo=0.001,
+            hi=60.0,
+            live=True,
+        ),
+        Param(
+            "publish_offset_s",
+            0.0,
+            "double",
+            "timer mode: publish each command this long after its tick's deadline (0 = as soon "
+            "as computed; below 1/rate_hz); above the step's p99 it trades latency for a "
+            "steady output phase",
+            lo=0.0,
+            hi=1.0,
+            live=True,
+        ),
+        Param(
+            "capsule_slots",
+            16,
+            "integer",
+            "GPU capsule pool slots, each one state arena",
+            lo=1,
+            hi=1 << 20,
+        ),
+        Param(
+            "host_capsule_slots",
+            0,
+            "integer",
+            "pinned-host slots that evicted capsules spill to (0 = dropped)",
+            lo=0,
+            hi=1 << 20,
+        ),
+        Param(
+            "capsule_dir",
+            "",
+            "string",
+            "folder for persisted capsules, reloaded at configure ('' = none)",
+        ),
+        Param(
+            "max_sessions",
+            4,
+            "integer",
+            "sessions that may exist at once (live one and branches)",
+            lo=1,
+            hi=(1 << 16) - 1,
+        ),
+        Param("seed", 0, "integer", "seed of the policy's noise state", lo=0, hi=(1 << 31) - 1),
+        Param(
+            "obs_limit",
+            1000.0,
+            "double",
+            "observations and goals with any |value| above this are refused (a sanity bound, "
+            "not joint limits)",
+            lo=1e-3,
+            hi=1e9,
+        ),
+        Param(
+            "max_rollout_steps",
+            10000,
+            "integer",
+            "the longest ~/rollout request accepted",
+            lo=1,
+            hi=1_000_000,
+            live=True,
+        ),
+        Param(
+            "flight_ticks",
+            0,
+            "integer",
+            "states of the last N ticks kept per session for ~/rewind and ~/dump_flight (0 = off)",
+            lo=0,
+            hi=100_000,
+        ),
+        Param(
+            "flight_dump_max_mb",
+            256.0,
+            "double",
+            "disk bound of the automatic flight dumps in capsule_dir/flight (a step error, a "
+            "deactivate); the oldest go first (0 = no automatic dumps)",
+            lo=0.0,
+            hi=1e7,
+            live=True,
+        ),
+        Param(
+            "flight_dump_interval_s",
+            10.0,
+            "double",
+            "at most one automatic flight dump per this many seconds",
+            lo=0.0,
+            hi=86400.0,
+            live=True,
+        ),
+        Param(
+            "cameras",
+            [],
+            "string_array",
+            "reserved: camera/<name>/image_raw topics (not yet served)",
+            pattern=NAME_RE,
+            pattern_text=NAME_TEXT,
+            unique=True,
+        ),
+        Param("autostart", True, "bool", "configure and activate at start"),
+    ],
+    "NodeConfig",
+    cross=_node_cross,
+)
+
+
+NodeConfig = NODE_PARAMS.Config
+YAML_HEADER = (
+    "Defaults of the flashrt node, generated from flashrt_ros/node/params.py:\n"
+    "  python -m flashrt_ros.node.params --yaml > config/flashrt.yaml\n"
+    "`/**:` matches the node whatever its name or namespace:\n"
+    "  flashrt_node --ros-args --params-file config/flashrt.yaml"
+)
+
+
+def declare(node, argv: Sequence[str] | None = None) -> NodeConfig:
+    """Declare the flashrt node's parameters; live sets replace `node.cfg` (when configured)."""
+
+    def on_change(changes: dict[str, Any]) -> None:
+        cfg = getattr(node, "cfg", None)
+        if cfg is not None:  # one assignment: readers see the old config or the new one
+            node.cfg = dataclasses.replace(cfg, **changes)
+
+    return NODE_PARAMS.declare(node, argv, on_change)
 
 
 def read(node) -> NodeConfig:
-    """Read and check every parameter; ValueError names the bad one and what it accepts."""
-    v = {name: node.get_parameter(name).value for name in PARAMETERS}
-    if v["trigger"] not in ("timer", "observation"):
-        raise ValueError(f"trigger={v['trigger']!r}: use 'timer' or 'observation'")
-    if v["output"] not in ("commands", "joint_trajectory", "both"):
-        raise ValueError(f"output={v['output']!r}: use commands, joint_trajectory or both")
-    v["rate_hz"] = float(v["rate_hz"])
-    if not 0.1 <= v["rate_hz"] <= 10000.0:
-        raise ValueError(f"rate_hz={v['rate_hz']}: must be within 0.1 .. 10000")
-    v["obs_timeout_s"] = float(v["obs_timeout_s"])
-    if v["obs_timeout_s"] <= 0:
-        raise ValueError("obs_timeout_s must be > 0")
-    v["publish_offset_s"] = float(v["publish_offset_s"])
-    period = 1.0 / v["rate_hz"] if v["trigger"] == "timer" else float("inf")
-    if not 0.0 <= v["publish_offset_s"] < period:
-        raise ValueError(
-            f"publish_offset_s={v['publish_offset_s']}: must be >= 0 and below the period "
-            f"1/rate_hz = {1.0 / v['rate_hz']:.6f} s"
-        )
-    for k, lo in (("capsule_slots", 1), ("host_capsule_slots", 0), ("max_sessions", 1)):
-        if int(v[k]) < lo:
-            raise ValueError(f"{k}={v[k]}: must be >= {lo}")
-    v["joint_names"] = list(v["joint_names"])
-    return NodeConfig(**v)
+    """Read and check every parameter; ParamError names the bad one and what it accepts."""
+    return NODE_PARAMS.read(node)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--yaml"]:
+        sys.stdout.write(NODE_PARAMS.yaml_text(YAML_HEADER))
+    else:
+        sys.stdout.write(NODE_PARAMS.help_text() + "\n")

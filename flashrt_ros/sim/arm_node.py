@@ -5,31 +5,74 @@ from ``commands`` (std_msgs/Float64MultiArray, one value per joint, as forward_c
 takes them). Until the first valid command it holds ``initial_positions``. The dynamics are
 ``flashrt_ros.sim.dynamics.ArmModel`` with dt = 1 / rate_hz, one step per timer tick.
 
-Parameters: joint_names (joint1..joint6), rate_hz (100.0), initial_positions (zeros),
-extra_joints ([]: more joints published with position 0 and velocity 0, to exercise filtering).
+Parameters: SIM_PARAMS below (joint_names, rate_hz, initial_positions, extra_joints), declared
+and checked by the same mechanism as the flashrt node's (flashrt_ros.node.params); a bad one
+exits with status 2 naming it.
 Topic names are relative, so namespaces and remapping work.
 """
 
 from __future__ import annotations
 
-import array
-import math
 import sys
 
 import numpy as np
 import rclpy
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
+from flashrt_ros.node.params import DEFAULT_JOINTS, Param, ParamTable
 from flashrt_ros.sim.dynamics import ArmModel
 
 __all__ = ["SimArmNode", "main"]
 
-DEFAULT_JOINTS = [f"joint{i}" for i in range(1, 7)]
+
+def _cross(v) -> list[str]:
+    problems = []
+    if v["initial_positions"] and len(v["initial_positions"]) != len(v["joint_names"]):
+        problems.append(
+            f"parameter initial_positions={list(v['initial_positions'])}; accepts "
+            f"one per joint ({len(v['joint_names'])}) or an empty list (zeros)"
+        )
+    clash = sorted(set(v["extra_joints"]) & set(v["joint_names"]))
+    if clash:
+        problems.append(
+            f"parameter extra_joints={list(v['extra_joints'])} ({clash} in joint_names too); "
+            "accepts names not in joint_names"
+        )
+    return problems
+
+
+SIM_PARAMS = ParamTable(
+    [
+        Param(
+            "joint_names",
+            DEFAULT_JOINTS,
+            "string_array",
+            "names of the simulated joints",
+            unique=True,
+            min_items=1,
+        ),
+        Param("rate_hz", 100.0, "double", "tick and simulation rate", lo=0.1, hi=10000.0),
+        Param(
+            "initial_positions",
+            [],
+            "double_array",
+            "start positions, one per joint, within the joint limits ([] = zeros)",
+        ),
+        Param(
+            "extra_joints",
+            [],
+            "string_array",
+            "more joints published with position 0 and velocity 0 (to exercise filtering)",
+            unique=True,
+        ),
+    ],
+    "SimArmConfig",
+    cross=_cross,
+)
 
 
 class SimArmNode(Node):
@@ -37,62 +80,12 @@ class SimArmNode(Node):
 
     def __init__(self, **kwargs) -> None:
         super().__init__("flashrt_sim_arm", **kwargs)
-        dyn = dict(dynamic_typing=True)  # accept ints where floats are meant, and unset arrays
-        self.declare_parameter(
-            "joint_names",
-            list(DEFAULT_JOINTS),
-            ParameterDescriptor(description="names of the simulated joints"),
-        )
-        self.declare_parameter(
-            "rate_hz", 100.0, ParameterDescriptor(description="tick and sim rate", **dyn)
-        )
-        self.declare_parameter(
-            "initial_positions",
-            None,
-            ParameterDescriptor(description="start positions (default zeros)", **dyn),
-        )
-        self.declare_parameter(
-            "extra_joints",
-            None,
-            ParameterDescriptor(description="extra joints published with 0", **dyn),
-        )
-
-        self.joint_names = [str(n) for n in self.get_parameter("joint_names").value]
+        cfg = SIM_PARAMS.declare(self)
+        self.joint_names = list(cfg.joint_names)
         n = len(self.joint_names)
-        if n == 0 or len(set(self.joint_names)) != n:
-            raise ValueError(f"joint_names must be non-empty and unique, got {self.joint_names}")
-        rate = self.get_parameter("rate_hz").value
-        if (
-            isinstance(rate, bool)
-            or not isinstance(rate, (int, float))
-            or not (math.isfinite(rate) and rate > 0)
-        ):
-            raise ValueError(f"rate_hz must be positive, got {rate}")
-        q0 = self.get_parameter("initial_positions").value
-        if q0 is None or (isinstance(q0, (list, tuple, array.array)) and len(q0) == 0):
-            q0 = [0.0] * n
-        elif not isinstance(q0, (list, tuple, array.array)) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in q0
-        ):
-            raise ValueError(f"initial_positions must be a list of numbers, got {q0!r}")
-        q0 = [float(x) for x in q0]
-        if len(q0) != n:
-            raise ValueError(
-                f"initial_positions has {len(q0)} values, expected {n} (one per joint)"
-            )
-        extra = self.get_parameter("extra_joints").value
-        if extra is not None and (
-            not isinstance(extra, (list, tuple)) or not all(isinstance(x, str) for x in extra)
-        ):
-            raise ValueError(f"extra_joints must be a list of strings, got {extra!r}")
-        self.extra_joints = list(extra or [])
-        clash = set(self.extra_joints) & set(self.joint_names)
-        if clash or len(set(self.extra_joints)) != len(self.extra_joints):
-            raise ValueError(
-                f"extra_joints must be unique and distinct from joint_names: {sorted(clash)}"
-            )
-
-        self.rate_hz = rate = float(rate)
+        q0 = list(cfg.initial_positions) or [0.0] * n
+        self.extra_joints = list(cfg.extra_joints)
+        self.rate_hz = rate = cfg.rate_hz
         self.model = ArmModel(n_joints=n, dt=1.0 / rate)
         self.model.reset(np.asarray(q0, dtype=np.float64))  # ValueError outside the limits
         self._target = self.model.q

@@ -1,0 +1,326 @@
+"""Parameters: one table (flashrt_ros/node/params.py) checks every value the same way for
+--params-file, -p and `ros2 param set`. A bad one makes the node exit with status 2, naming it
+and what it accepts; read-only ones refuse a set over DDS; --help and config/flashrt.yaml come
+from the table; a second Ctrl-C during shutdown still ends the node cleanly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test.conftest import require_rclpy
+from test.ros_helpers import NODE_EXECUTABLE, REPO_ROOT, launch_node
+
+BAD = [  # (overrides, the parameter the error names): one of each class of bad value
+    ({"obs_timeout_s": math.nan}, "obs_timeout_s"),
+    ({"rate_hz": math.inf}, "rate_hz"),
+    ({"obs_limit": -math.inf}, "obs_limit"),
+    ({"capsule_slots": 0}, "capsule_slots"),
+    ({"rate_hz": 1e6}, "rate_hz"),
+    ({"flight_ticks": -1}, "flight_ticks"),
+    ({"capsule_slots": "abc"}, "capsule_slots"),
+    ({"seed": 1.5}, "seed"),
+    ({"autostart": 1}, "autostart"),
+    ({"joint_names": []}, "joint_names"),
+    ({"joint_names": None}, "joint_names"),  # how rcl hands over an empty YAML list
+    ({"joint_names": ["a", "a"]}, "joint_names"),
+    ({"trigger": "sometimes"}, "trigger"),
+    ({"device": "gpu"}, "device"),
+    ({"cameras": ["front cam"]}, "cameras"),
+    ({"cameras": ["a", "a"]}, "cameras"),
+    ({"publish_offset_s": 0.01}, "publish_offset_s"),  # not below 1/rate_hz = 0.01
+]
+
+
+# -- the table, without ROS ------------------------------------------------------------------
+
+
+def test_config_has_one_frozen_field_per_parameter():
+    from flashrt_ros.node.params import DEFAULT_JOINTS, NODE_PARAMS, NodeConfig
+
+    cfg = NODE_PARAMS.config({})
+    assert [f.name for f in dataclasses.fields(NodeConfig)] == NODE_PARAMS.names
+    assert {"flight_ticks", "cameras", "obs_limit", "max_rollout_steps"} <= set(NODE_PARAMS.names)
+    assert cfg.joint_names == tuple(DEFAULT_JOINTS) and cfg.cameras == ()
+    assert cfg.flight_ticks == 0 and cfg.obs_limit == 1000.0 and cfg.max_rollout_steps == 10000
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.obs_timeout_s = 1.0
+    live = {p.name for p in NODE_PARAMS if p.live}
+    assert {"obs_timeout_s", "publish_offset_s", "max_rollout_steps"} <= live
+    # configure bakes these into the engine, the mapper or the graphs: a set needs a reconfigure
+    assert not live & {"rate_hz", "joint_names", "obs_limit", "flight_ticks", "cameras", "device"}
+
+
+@pytest.mark.parametrize("values,name", BAD, ids=[f"{n}={v[n]!r}" for v, n in BAD])
+def test_bad_value_is_refused_naming_the_parameter(values, name):
+    from flashrt_ros.node.params import NODE_PARAMS, ParamError
+
+    with pytest.raises(ParamError) as e:
+        NODE_PARAMS.config(values)
+    assert str(e.value).startswith(f"parameter {name}=") and "; accepts " in str(e.value)
+
+
+def test_integers_are_taken_where_doubles_are_declared():
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    cfg = NODE_PARAMS.config({"rate_hz": 500, "obs_timeout_s": 2, "obs_limit": 7})
+    assert (cfg.rate_hz, cfg.obs_timeout_s, cfg.obs_limit) == (500.0, 2.0, 7.0)
+    assert all(type(x) is float for x in (cfg.rate_hz, cfg.obs_timeout_s, cfg.obs_limit))
+
+
+def test_params_module_imports_no_ros():
+    """tools/ and the demo take DEFAULT_JOINTS from it where ROS may be missing."""
+    code = (
+        "import sys, flashrt_ros.node.params as p; "
+        "assert p.DEFAULT_JOINTS == [f'joint{i}' for i in range(1, 7)]; "
+        "ros = [m for m in sys.modules if m.split('.')[0] in ('rclpy', 'rcl_interfaces')]; "
+        "assert not ros, ros"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_help_lists_every_parameter_and_service():
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    out = subprocess.run(
+        [sys.executable, str(NODE_EXECUTABLE), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for p in NODE_PARAMS:
+        mode = "live" if p.live else "read-only"
+        assert f"  {p.name} ({p.kind}, default {p.yaml_value()}; {mode}" in text, p.name
+        assert p.help in text and f"accepts {p.accepts()}" in text, p.name
+    shipped = sorted(f.stem for f in (REPO_ROOT / "srv").glob("*.srv"))
+    assert len(shipped) >= 10
+    for name in shipped:
+        snake = re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+        assert f"~/{snake} " in text, snake
+
+
+def test_json_param_values_roundtrip():
+    """The harness writes -p values as JSON: NaN and Infinity must reach rcl as numbers."""
+    from flashrt_ros.node.params import rcl_value
+
+    assert math.isnan(rcl_value(json.dumps(math.nan)))
+    assert rcl_value(json.dumps(math.inf)) == math.inf
+    assert rcl_value(json.dumps([])) is None
+
+
+def test_p_rules_are_read_as_rcl_reads_them(ros_domain):
+    """The check of -p rules that rcl drops must see each value exactly as rcl types it."""
+    require_rclpy()
+    import rclpy
+    from rclpy.context import Context
+
+    from flashrt_ros.node.params import cli_overrides
+
+    tokens = ["1e-3", "0x10", "010", ".nan", "nan", "-.inf", "y", "on", "No", "1_000", "+5"]
+    tokens += ['"5"', "'x'", "1.5e3", "5.", "cuda:0", "1:30", "~", "[1, 2]", "[]", '[a, "b"]']
+    tokens += ["1e400", "abc"]
+    argv = ["prog", "--ros-args"]
+    for i, t in enumerate(tokens):
+        argv += ["-p", f"p{i}:={t}"]
+    context = Context()
+    rclpy.init(args=argv, context=context, domain_id=ros_domain)
+    try:
+        node = rclpy.create_node("flashrt", context=context, enable_rosout=False)
+        rcl = {n: q.value for n, q in node._parameter_overrides.items()}
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+    ours = cli_overrides(argv, "flashrt")
+    for i, t in enumerate(tokens):
+        a, b = rcl[f"p{i}"], ours[f"p{i}"][1]
+        a = a.tolist() if hasattr(a, "tolist") else a
+        same = type(a) is type(b) and (a == b or (a != a and b != b))  # nan == nan
+        assert same, f"{t!r}: rcl {a!r}, ours {b!r}"
+
+
+# -- node processes ------------------------------------------------------------------------------
+
+
+def _wait(proc, timeout: float = 30.0) -> int | None:
+    try:
+        return proc.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def test_bad_parameters_make_the_node_exit_2_naming_them(tmp_path, ros_domain):
+    cases = [  # -p overrides on top of config/flashrt.yaml: (params, names in the log)
+        ({"obs_timeout_s": math.nan}, ["obs_timeout_s"]),
+        ({"rate_hz": math.inf}, ["rate_hz"]),
+        ({"capsule_slots": 0, "obs_limit": -1.0}, ["capsule_slots", "obs_limit"]),
+        ({"capsule_slots": "abc"}, ["capsule_slots"]),  # rcl drops it: the node must not
+        ({"joint_names": []}, ["joint_names"]),  # also dropped by rcl
+        ({"joint_names": ["a", "b", "a"]}, ["joint_names"]),
+        ({"trigger": "sometimes", "autostart": False}, ["trigger"]),  # even without autostart
+        ({"cameras": ["front cam"]}, ["cameras"]),
+        ({"rate_hz": 50, "publish_offset_s": 0.05}, ["publish_offset_s"]),
+    ]
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text(
+        "/**:\n  ros__parameters:\n    obs_timeout_s: .nan\n    seed: x\n    joint_names: []\n"
+    )
+    procs = [
+        (launch_node({"device": "cpu", **params}, log_dir=tmp_path / f"p{i}"), names)
+        for i, (params, names) in enumerate(cases)
+    ]
+    procs.append(
+        (
+            launch_node({"device": "cpu"}, log_dir=tmp_path / "yaml", params_file=bad_yaml),
+            ["obs_timeout_s", "seed", "joint_names"],
+        )
+    )
+    try:
+        for proc, names in procs:
+            rc = _wait(proc)
+            log = proc.log_path.read_text(errors="replace")
+            assert rc == 2, f"{proc}: rc {rc}, expected 2\n{log}"
+            for name in names:
+                assert re.search(rf"\[flashrt\]: parameter {name}=.*; accepts ", log), log
+            assert "Traceback" not in log, log
+    finally:
+        for proc, _ in procs:
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def live(ros_module):
+    """One node for the checks over DDS: rate_hz given as an integer, one misspelt parameter."""
+    proc = ros_module.start_node(
+        {"device": "cpu", "rate_hz": 20, "obs_timout_s": 1.0},
+        wait_services=("list_capsules", "rollout", "set_parameters"),
+    )
+    yield ros_module, proc
+    proc.stop()
+
+
+def _set(ros, proc, **values) -> list[tuple[bool, str]]:
+    from rcl_interfaces.srv import SetParameters
+    from rclpy.parameter import Parameter
+
+    req = SetParameters.Request(
+        parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
+    )
+    resp = ros.call(ros.client(SetParameters, proc.service("set_parameters")), req)
+    return [(r.successful, r.reason) for r in resp.results]
+
+
+def _get(ros, proc, *names):
+    from rcl_interfaces.srv import GetParameters
+    from rclpy.parameter import parameter_value_to_python
+
+    req = GetParameters.Request(names=list(names))
+    resp = ros.call(ros.client(GetParameters, proc.service("get_parameters")), req)
+    return [(v.type, parameter_value_to_python(v)) for v in resp.values]
+
+
+def test_integer_for_double_is_taken_and_sets_the_rate(live):
+    from rcl_interfaces.msg import ParameterType
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+
+    ros, proc = live
+    assert _get(ros, proc, "rate_hz") == [(ParameterType.PARAMETER_DOUBLE, 20.0)]
+    got = []
+    pub = ros.node.create_publisher(JointState, proc.topic("joint_states"), 10)
+    sub = ros.node.create_subscription(
+        Float64MultiArray, proc.topic("commands"), lambda m: got.append(time.monotonic()), 100
+    )
+    names = [f"joint{i}" for i in range(1, 7)]
+    try:
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:  # fresh observations at 100 Hz; commands at the tick rate
+            pub.publish(JointState(name=names, position=[0.0] * 6, velocity=[0.0] * 6))
+            ros.spin_for(0.01)
+    finally:
+        ros.node.destroy_publisher(pub)
+        ros.node.destroy_subscription(sub)
+    window = [t for t in got if t > got[0] + 0.5] if got else []
+    assert len(window) >= 10, f"{len(got)} commands"
+    rate = (len(window) - 1) / (window[-1] - window[0])
+    assert 10.0 < rate < 30.0, f"{rate:.1f} Hz, expected 20"
+
+
+def test_read_only_parameters_refuse_a_set_over_dds(live):
+    from rcl_interfaces.msg import ParameterType
+
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    ros, proc = live
+    fixed = [p for p in NODE_PARAMS if not p.live]
+    results = _set(ros, proc, **{p.name: p.default if p.default != [] else ["x"] for p in fixed})
+    for (ok, reason), p in zip(results, fixed, strict=True):
+        assert not ok and "read-only" in reason, (p.name, reason)
+    # an empty default is still a typed string array
+    assert _get(ros, proc, "cameras") == [(ParameterType.PARAMETER_STRING_ARRAY, [])]
+
+
+def test_live_parameter_set_is_checked_and_applied(live):
+    from rcl_interfaces.msg import ParameterType
+
+    from flashrt_ros.srv import Rollout
+
+    ros, proc = live
+    assert _set(ros, proc, obs_timeout_s=math.nan)[0][0] is False
+    assert _set(ros, proc, max_rollout_steps=0)[0][0] is False
+    ok, reason = _set(ros, proc, publish_offset_s=0.05)[0]  # the period of 20 Hz
+    assert not ok and "publish_offset_s" in reason and "1/rate_hz" in reason
+    assert _get(ros, proc, "obs_timeout_s", "publish_offset_s") == [
+        (ParameterType.PARAMETER_DOUBLE, 0.5),
+        (ParameterType.PARAMETER_DOUBLE, 0.0),
+    ]
+    assert _set(ros, proc, obs_timeout_s=2) == [(True, "")]  # an integer, stored as a double
+    assert _get(ros, proc, "obs_timeout_s") == [(ParameterType.PARAMETER_DOUBLE, 2.0)]
+    # applied at once: ~/rollout reads max_rollout_steps from the node's current config
+    rollout = ros.client(Rollout, proc.service("rollout"))
+
+    def roll(n):
+        return ros.call(rollout, Rollout.Request(observations=[0.0] * 12 * n, n_steps=n))
+
+    assert roll(4).success
+    assert _set(ros, proc, max_rollout_steps=3) == [(True, "")]
+    resp = roll(4)
+    assert not resp.success and "max_rollout_steps" in resp.message
+    assert roll(3).success
+    assert _set(ros, proc, max_rollout_steps=10000, obs_timeout_s=0.5) == [(True, "")] * 2
+    # rclpy's own parameters stay settable, and setting one leaves the node up
+    assert _set(ros, proc, use_sim_time=False) == [(True, "")]
+    assert roll(1).success
+
+
+def test_unknown_parameter_is_reported(live):
+    _, proc = live
+    log = proc.log_path.read_text(errors="replace")
+    assert "unknown parameter 'obs_timout_s' ignored (did you mean obs_timeout_s?)" in log
+
+
+def test_repeated_sigint_during_shutdown_ends_cleanly(live):
+    """`ros2 launch` forwards Ctrl-C while the terminal's own SIGINT already has the node
+    shutting down: the later ones must not turn into a KeyboardInterrupt traceback."""
+    _, proc = live
+    assert proc.alive()
+    for gap in (0.0, 0.005, 0.02, 0.05, 0.1):
+        time.sleep(gap)
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGINT)
+    rc = _wait(proc, 30.0)
+    log = proc.log_path.read_text(errors="replace")
+    assert rc == 0, f"rc {rc}\n{log}"
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log

@@ -1,4 +1,4 @@
-# flashrt_ros commands (DESIGN.md section 6). Every target that runs Python sources env.sh,
+# flashrt_ros commands (docs/design.md, "Commands"). Every target that runs Python sources env.sh,
 # which keeps DDS on loopback.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c

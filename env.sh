@@ -123,7 +123,7 @@ if [ -d "$_flashrt_ws/flashrt_ros" ]; then
   _flashrt_prepend PATH "$_flashrt_pkg/lib/flashrt_ros"
 fi
 
-# --- DDS stays on this machine (DESIGN.md section 7)
+# --- DDS stays on this machine (docs/design.md, "Environment")
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
 export ROS_STATIC_PEERS="${ROS_STATIC_PEERS:-}"

@@ -173,7 +173,8 @@ def capsules_continue(steps: int = 200) -> list[Check]:
     third = _steps(g, obs, "alt")
     main_after = g.state_checksum()
     branch_after = g.state_checksum("alt")
-    restore_regions(g, cap.id, "main", ("kv",))  # the paper's ablation: main is 200 steps on
+    # the KV-only ablation of the capsules paper (arXiv 2606.20537): main is 200 steps on
+    restore_regions(g, cap.id, "main", ("kv",))
     kv_only = _steps(g, obs)
     res: dict = {}
 

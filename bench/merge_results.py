@@ -4,7 +4,7 @@
 
 Reads bench/results/DATE-core.json (bench/run_all.py), DATE-ros.json (bench/ros_gpu.sh) and,
 when present, DATE-ros-udp.json (the same with Fast DDS on UDPv4 only), and writes latest.json in
-the schema of DESIGN.md section 8, with a "runs" list naming the command and code version behind
+the schema of bench/README.md, with a "runs" list naming the command and code version behind
 every part. The "ros" headline is recomputed from the scenario rows by ros_bench.headline.
 """
 

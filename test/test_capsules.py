@@ -1,4 +1,5 @@
-"""Capsules on the CPU: byte-exact restore, branch, rollback, the paper's ablation, the pool."""
+"""Capsules on the CPU: byte-exact restore, branch, rollback, the pool, and the KV-only ablation
+of "Execution-State Capsules" (arXiv 2606.20537)."""
 
 from __future__ import annotations
 

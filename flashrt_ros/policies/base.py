@@ -7,7 +7,22 @@ from dataclasses import dataclass
 
 import torch
 
-ROLES = ("kv", "recurrent", "conv", "queue", "noise", "goal", "counter", "meta", "user")
+ROLES = (
+    "kv",
+    "recurrent",
+    "conv",
+    "queue",
+    "noise",
+    "goal",
+    "counter",
+    "meta",
+    "user",
+    "history",
+)
+
+STATE_KEY = "observation.state"  # LeRobot's names, which dict observations use
+IMAGE_PREFIX = "observation.images."
+INPUT_KINDS = ("vector", "image")
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,30 @@ class StateEntry:
         return n * torch.empty((), dtype=self.dtype).element_size()
 
 
+@dataclass(frozen=True)
+class InputSpec:
+    """One observation input, as the policy sees it (no batch axis).
+
+    kind "vector": `shape` (D,), float32, checked finite and within obs_limit.
+    kind "image": `shape` (C, H, W); it arrives as an H x W x C uint8 array (ROS's layout; an
+    H x W mono8 array for C == 1, or for C == 3 when the engine is told the camera is mono8)
+    and reaches the policy as float32 (1, C, H, W) in [0, 1], converted inside the step."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str = "vector"
+
+    def __post_init__(self) -> None:
+        if self.kind not in INPUT_KINDS:
+            raise ValueError(f"input {self.name!r}: kind must be one of {INPUT_KINDS}")
+        if self.kind == "vector" and len(self.shape) != 1:
+            raise ValueError(f"input {self.name!r}: a vector has shape (D,), got {self.shape}")
+        if self.kind == "image" and (len(self.shape) != 3 or self.shape[0] not in (1, 3)):
+            raise ValueError(
+                f"input {self.name!r}: an image has shape (1|3, H, W), got {self.shape}"
+            )
+
+
 class Policy(torch.nn.Module):
     """A stateful policy the Engine can capture.
 
@@ -41,6 +80,37 @@ class Policy(torch.nn.Module):
     action_dim: int
     goal_dim: int
     chunk_len: int = 1
+    # False: `step` gets the (1, obs_dim) tensor of the one vector input, as before dict
+    # observations existed. True: a dict name -> tensor of the inputs the tick reads.
+    takes_dict: bool = False
+    # The captured variants of a tick (one graph each); tick_kind picks one per tick.
+    tick_kinds: tuple[str, ...] = ("step",)
+
+    def input_spec(self) -> list[InputSpec]:
+        """The observation inputs; the default is one vector of obs_dim floats, so a policy
+        written before dict observations keeps taking `engine.step(vector)`."""
+        return [InputSpec(STATE_KEY, (int(self.obs_dim),), "vector")]
+
+    def tick_kind(self, step: int) -> int:
+        """Index into tick_kinds of the tick that starts after `step` ticks. Decided on the
+        host from its mirror of the step counter, so choosing a graph never syncs."""
+        return 0
+
+    def tick_inputs(self, kind: int) -> tuple[str, ...]:
+        """The inputs a tick of this kind reads: only those are staged, uploaded and
+        converted (a tick that only pops an action queue may read none)."""
+        return tuple(i.name for i in self.input_spec())
+
+    def step_kind(
+        self,
+        kind: int,
+        obs,
+        state: dict[str, torch.Tensor],
+        action: torch.Tensor,
+        chunk: torch.Tensor,
+    ) -> None:
+        """One tick of the given kind; policies with one kind only write `step`."""
+        self.step(obs, state, action, chunk)
 
     def state_spec(self) -> list[StateEntry]:
         """Policy-owned state regions; the engine adds goal, step and meta."""

@@ -59,13 +59,39 @@ def _hybrid_config(overrides: dict) -> HybridConfig:
     return cfg
 
 
+def _chunked_builtin(spec: str, weights, overrides: dict) -> Policy:
+    """builtin:act / builtin:diffusion: the LeRobot-shaped module served by ChunkedPolicy.
+    Overrides go to the factory (size="sim" | "lerobot", cameras, image_hw, n_action_steps,
+    num_inference_steps, ...). These modules are pure by construction, so the load-time
+    purity probe (two forward passes) is skipped."""
+    from flashrt_ros.policies.chunked import ChunkedPolicy
+
+    if spec == "builtin:act":
+        from flashrt_ros.policies.act import make_act as factory
+    else:
+        from flashrt_ros.policies.diffusion import make_diffusion as factory
+    kw = dict(overrides)
+    if weights:
+        kw["weights"] = weights
+    try:
+        module = factory(**kw)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(f"{spec}: {e}") from e
+    size = kw.get("size", "sim")
+    return ChunkedPolicy(module, policy_id=f"{spec}/{size}", check_pure=False).eval()
+
+
 def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **overrides) -> Policy:
     """Build a policy from a spec.
 
     - "builtin:hybrid": the shipped hybrid policy with its trained weights; keyword overrides of
       HybridConfig (e.g. kv_len=2048, d_model=256) make variants. Weight shapes do not depend on
       kv_len, so a longer ring keeps the trained weights; other changes start from seeded init.
-    - "package.module:factory": calls factory(**overrides) and checks it returns a Policy.
+    - "builtin:act", "builtin:diffusion": LeRobot-shaped visuomotor policies (policies/act.py,
+      policies/diffusion.py) served through ChunkedPolicy; overrides go to their factories.
+    - "package.module:factory": calls factory(**overrides); it returns a Policy, or a
+      LeRobot-shaped module (.config and a pure .predict_action_chunk), which is wrapped in
+      ChunkedPolicy after a purity probe (two calls on the same inputs must agree).
     - a path to a .pt2 file saved with torch.export: served through ExportedPolicy.
     """
     if not isinstance(spec, str) or not spec:
@@ -86,8 +112,13 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
         elif not shapes_fixed:
             log.warning("no trained weights at %s: builtin:hybrid runs with seeded init", path)
         return policy.eval()
+    if spec in ("builtin:act", "builtin:diffusion"):
+        return _chunked_builtin(spec, weights, overrides)
     if spec.startswith("builtin:"):
-        raise BadRequest(f"unknown builtin policy {spec!r} (known: builtin:hybrid)")
+        raise BadRequest(
+            f"unknown builtin policy {spec!r} (known: builtin:hybrid, builtin:act, "
+            "builtin:diffusion)"
+        )
     if spec.endswith(".pt2") or Path(spec).is_file():
         from flashrt_ros.policies.exported import ExportedPolicy
 
@@ -109,8 +140,17 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
             policy = factory(**overrides)
         except Exception as e:
             raise BadRequest(f"policy factory {spec!r} failed: {e}") from e
+        if not isinstance(policy, Policy) and callable(
+            getattr(policy, "predict_action_chunk", None)
+        ):
+            from flashrt_ros.policies.chunked import ChunkedPolicy
+
+            policy = ChunkedPolicy(policy, policy_id=spec)
         if not isinstance(policy, Policy):
-            raise BadRequest(f"{spec!r} returned {type(policy).__name__}, not a flashrt Policy")
+            raise BadRequest(
+                f"{spec!r} returned {type(policy).__name__}, neither a flashrt Policy nor a "
+                "LeRobot-shaped module (.config, .predict_action_chunk)"
+            )
         return policy.eval()
     raise BadRequest(
         f"policy spec {spec!r} is neither 'builtin:hybrid', 'package.module:factory' "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.flight import check_int, check_ticks, held_step, nonfinite_regions
 from flashrt_ros.runtime.graph import StepPlan
+from flashrt_ros.runtime.inputs import check_dict, numeric, resolve_encodings, vector, wire_shape
 from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
@@ -104,53 +106,9 @@ def _ref(x, what: str) -> str:
     return x
 
 
-_NOT_NUMBERS = (bool, np.bool_, str, bytes)
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _numeric(x, what: str) -> np.ndarray:
-    """x as a float64 array: numbers only (no strings, bools, objects, grad-tracking tensors)."""
-    if type(x) is np.ndarray and x.dtype.kind == "f":  # the common case, kept cheap
-        return x.astype(np.float64, copy=False)
-    if isinstance(x, torch.Tensor):
-        if x.requires_grad:
-            raise BadRequest(f"{what} is a tensor that requires grad; pass it .detach()ed")
-        try:
-            x = x.detach().cpu().numpy()
-        except (TypeError, RuntimeError) as e:
-            raise BadRequest(f"{what}: cannot read this tensor ({e})") from None
-    elif isinstance(x, list | tuple):
-        bad = next((v for v in x if isinstance(v, _NOT_NUMBERS)), None)
-        if bad is not None:
-            raise BadRequest(f"{what} holds {type(bad).__name__} {bad!r}, not a number")
-    elif isinstance(x, str | bytes) or x is None:
-        raise BadRequest(f"{what} must be numbers, got {type(x).__name__}")
-    try:
-        a = np.asarray(x)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise BadRequest(f"{what} is not numeric: {e}") from None
-    if a.dtype.kind not in "iuf":
-        raise BadRequest(f"{what} must be real numbers, got dtype {a.dtype}")
-    return a.astype(np.float64, copy=False)
-
-
-def _vector(x, n: int, what: str, limit: float = math.inf) -> np.ndarray:
-    """A finite float32 vector of length n with every |value| <= limit, or BadRequest; never
-    touches a device buffer."""
-    a = _numeric(x, what)
-    if a.shape != (n,):
-        raise BadRequest(f"{what} must have shape ({n},), got {a.shape}")
-    peak = float(np.abs(a).max()) if n else 0.0
-    if not peak <= min(limit, _F32_MAX):  # one reduction; NaN fails every comparison
-        if not np.isfinite(a).all():
-            raise BadRequest(f"{what} has NaN or Inf at index {int(np.argmin(np.isfinite(a)))}")
-        if peak > limit:
-            i = int(np.argmax(np.abs(a) > limit))
-            raise BadRequest(
-                f"{what}[{i}] = {a[i]:g} is beyond the bound |x| <= {limit:g} (obs_limit)"
-            )
-        raise BadRequest(f"{what} overflows float32")
-    return a.astype(np.float32)
+# the checks live in inputs.py; these names stay for code that imported them from here
+_numeric = numeric
+_vector = vector
 
 
 class Engine:
@@ -169,12 +127,16 @@ class Engine:
         fuse: bool | None = None,
         obs_limit: float = 1000.0,
         flight_ticks: int = 0,
+        image_encodings: dict[str, str] | None = None,
     ):
         """`use_graph` captures the step as a CUDA graph (CUDA only); `fuse` compiles it with
         inductor before capture (default: on CUDA when capturing) so the graph holds fewer,
         fused kernels. `obs_limit` bounds every observation and goal value (|x| <= obs_limit):
         a finite but huge input (1e30) would overflow the state to Inf/NaN for good, so it is
-        refused like a NaN. Every argument is checked before anything is allocated."""
+        refused like a NaN. `image_encodings` maps image inputs to their camera encoding
+        ("rgb8" | "bgr8" | "mono8"; default rgb8 for 3 channels, mono8 for 1): the captured step
+        converts each to the policy's RGB float layout, so the host only copies the bytes.
+        Every argument is checked before anything is allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
         seed = _int(seed, "seed", -(2**63), 2**63 - 1)
@@ -187,6 +149,15 @@ class Engine:
         if capsule_dir is not None and not isinstance(capsule_dir, str | Path):
             raise BadRequest(f"capsule_dir must be a path or None, got {capsule_dir!r}")
         self.obs_limit = _limit(obs_limit)
+        try:
+            self.inputs = list(policy.input_spec())
+        except ValueError as e:  # an InputSpec that does not hold together
+            raise BadRequest(f"policy inputs: {e}") from e
+        self.encodings = resolve_encodings(self.inputs, image_encodings)
+        self._wire = {i.name: wire_shape(i, self.encodings.get(i.name)) for i in self.inputs}
+        # the plain vector form (engine.step(vector)) serves a policy whose only input is a vector
+        only = self.inputs[0] if len(self.inputs) == 1 else None
+        self._vector_input = only.name if only is not None and only.kind == "vector" else None
         self.flight_ticks = check_ticks(flight_ticks)  # per user session; see flight()
         self.device = resolve_device(device)
         if self.device.type == "cpu" and torch.get_num_threads() > 1:
@@ -288,7 +259,15 @@ class Engine:
     def _new_session(self, name: str) -> Session:
         ticks = 0 if name.startswith("_") else self.flight_ticks  # no ring for internal sessions
         s = Session(
-            name, self.policy, self.spec, self.device, self.seed, self.use_graph, self.fuse, ticks
+            name,
+            self.policy,
+            self.spec,
+            self.device,
+            self.seed,
+            self.use_graph,
+            self.fuse,
+            ticks,
+            self.encodings,
         )
         self._sessions[name] = s
         return s
@@ -357,23 +336,70 @@ class Engine:
 
     # -- stepping ----------------------------------------------------------------------------------
     def step(self, obs, session: str = "main") -> np.ndarray:
-        """One replay of the session's step; returns the action (float64 copy). A non-finite
-        action, or a device failure, raises StepFault and poisons the session."""
+        """One replay of the session's step; returns the action (float64 copy). `obs` is a dict
+        name -> array with exactly the policy's inputs (observation_spec()), or, for a policy
+        whose only input is a vector, that vector. A non-finite action, or a device failure,
+        raises StepFault and poisons the session."""
         s = self._live(session)
         self._tick(s, self._obs(obs), chunk=False)
         return s.action_np.astype(np.float64)
 
     def step_with_chunk(self, obs, session: str = "main") -> tuple[np.ndarray, np.ndarray]:
-        """step() plus the action chunk of this step, (chunk_len, action_dim), in one sync."""
+        """step() plus the action chunk of this step, (chunk_len, action_dim), in one sync.
+        For a chunked (LeRobot-shaped) policy the chunk is the plan from this tick on: row 0 is
+        this tick's action, row k the action planned for k ticks later (see ChunkedPolicy)."""
         s = self._live(session)
         self._tick(s, self._obs(obs), chunk=True)
         return s.action_np.astype(np.float64), s.chunk_np.astype(np.float64)
 
-    def _obs(self, obs, what: str = "observation") -> np.ndarray:
+    def observation_spec(self) -> dict[str, dict]:
+        """What step() takes, per key: {"kind": "vector" | "image", "shape": wire shape (D,) or
+        (H, W, C), "dtype": "float32" | "uint8", "encoding": camera encoding or None}."""
+        return {
+            i.name: {
+                "kind": i.kind,
+                "shape": self._wire[i.name],
+                "dtype": "float32" if i.kind == "vector" else "uint8",
+                "encoding": self.encodings.get(i.name),
+            }
+            for i in self.inputs
+        }
+
+    def next_tick_kind(self, session: str = "main") -> str:
+        """The kind of the session's next tick (e.g. "infer" or "queue" for a chunked policy),
+        from the host's step count: no sync."""
+        return self.policy.tick_kinds[self.policy.tick_kind(self.session(session).steps)]
+
+    def _obs(self, obs, what: str = "observation"):
+        """A checked observation: a dict name -> array, or the float32 vector of the vector
+        form. Nothing is staged here: a bad key changes nothing."""
+        if isinstance(obs, Mapping):
+            return check_dict(obs, self.inputs, self._wire, self.obs_limit)
+        if self._vector_input is None:
+            raise BadRequest(
+                f"{what}: this policy takes a dict observation with keys "
+                f"{[i.name for i in self.inputs]} (engine.observation_spec() gives shapes), "
+                f"got {type(obs).__name__}"
+            )
         return _vector(obs, self.obs_dim, what, self.obs_limit)
 
-    def check_observations(self, observations) -> np.ndarray:
-        """Rows of observations as float32 (n, obs_dim), or BadRequest naming the bad row."""
+    def check_observations(self, observations) -> np.ndarray | list[dict]:
+        """Rows of observations as float32 (n, obs_dim), or, given a sequence of dicts, the
+        list of checked dicts; BadRequest naming the bad row."""
+        if (
+            isinstance(observations, list | tuple)
+            and observations
+            and all(isinstance(r, Mapping) for r in observations)
+        ):
+            out = []
+            for i, r in enumerate(observations):
+                out.append(self._obs(r, f"observation row {i}"))
+            return out
+        if self._vector_input is None:
+            raise BadRequest(
+                f"observations: this policy takes dict observations with keys "
+                f"{[i.name for i in self.inputs]}; pass a list of dicts"
+            )
         if isinstance(observations, list | tuple) and all(
             isinstance(r, list | tuple) for r in observations
         ):  # rows of Python numbers: check each row's elements (bools, strings) too
@@ -387,7 +413,8 @@ class Engine:
         return np.stack([self._obs(r, f"observation row {i}") for i, r in enumerate(rows)])
 
     def rollout(self, observations, session: str = "main") -> np.ndarray:
-        """Step through rows of observations; every row is checked before the first step."""
+        """Step through rows of observations (or a list of dict observations); every row is
+        checked before the first step."""
         s = self._live(session)
         rows = self.check_observations(observations)
         out = np.empty((len(rows), self.action_dim), dtype=np.float64)
@@ -396,20 +423,29 @@ class Engine:
             out[i] = s.action_np
         return out
 
-    def _tick(self, s: Session, x: np.ndarray, chunk: bool) -> None:
-        """Stage a checked observation, replay, and bring the outputs to the host buffers; then
-        check the host action (and chunk) for NaN/Inf, which costs no sync: they are already
-        on the host. A fault poisons the session, so nothing non-finite ever reaches a robot."""
-        np.copyto(s.obs_np, x)
+    def _tick(self, s: Session, x, chunk: bool) -> None:
+        """Stage a checked observation (the inputs this tick's kind reads), replay that kind's
+        plan, and bring the outputs to the host buffers; then check the host action (and chunk)
+        for NaN/Inf, which costs no sync: they are already on the host. A fault poisons the
+        session, so nothing non-finite ever reaches a robot."""
+        kind = self.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
+        names = s.tick_names[kind]
+        if isinstance(x, dict):
+            for n in names:
+                s.inputs.stage(n, x[n])
+        elif names:
+            np.copyto(s.obs_np, x)
+        plan = s.plans[kind]
         try:
             if self._stream is None:
-                s.plan.replay()
-            elif s.io_in_graph:  # the graph uploads obs and downloads action and chunk itself
-                s.plan.replay()
+                plan.replay()
+            elif s.io_in_graph:  # the graph uploads the inputs and downloads the outputs itself
+                plan.replay()
                 self._wait()
             else:
-                copy_io(s.obs, s.host_obs)
-                s.plan.replay()
+                for n in names:
+                    copy_io(s.inputs.dev[n], s.inputs.host[n])
+                plan.replay()
                 copy_io(s.host_action, s.action)
                 if chunk:
                     copy_io(s.host_chunk, s.chunk)

@@ -1,4 +1,5 @@
-"""A session: one state arena, its static IO buffers and its captured step."""
+"""A session: one state arena, its static IO buffers and its captured steps (one per tick
+kind of the policy: e.g. a tick that infers and a tick that only pops the action queue)."""
 
 from __future__ import annotations
 
@@ -9,36 +10,46 @@ from flashrt_ros.policies.base import Policy, StateEntry
 from flashrt_ros.runtime.arena import Arena
 from flashrt_ros.runtime.flight import FlightRing, record
 from flashrt_ros.runtime.graph import StepPlan
+from flashrt_ros.runtime.inputs import InputBuffers, policy_inputs
 
 
-def raw_step(policy: Policy, obs, views, action, chunk) -> None:
-    """The whole tick: the policy step, then the engine-owned step counter."""
-    policy.step(obs, views, action, chunk)
+def raw_step(policy: Policy, obs, views, action, chunk, kind: int = 0) -> None:
+    """The whole tick: the policy step of this kind, then the engine-owned step counter."""
+    if kind == 0 and len(policy.tick_kinds) == 1:
+        policy.step(obs, views, action, chunk)
+    else:
+        policy.step_kind(kind, obs, views, action, chunk)
     views["step"].add_(1)
 
 
-def arena_step(policy: Policy, buf, obs, action, chunk, table: tuple, ring=None) -> None:
+def arena_step(
+    policy: Policy, buf, obs, action, chunk, table: tuple, ring=None, kind: int = 0, conv=None
+) -> None:
     """raw_step over views made from the arena's bytes inside the call. The compiler sees one
     mutated input (the arena) instead of many aliasing views of different dtypes, which
     aot_autograd cannot functionalize. With a flight ring, the arena the step starts from is
     written to its slot first, inside the same compiled function: one scatter kernel whose
     slot index it computes on the device from the step counter (measured on the H200: no
-    change in step p50, bench/flight_bench.py)."""
+    change in step p50, bench/flight_bench.py). With `conv` (dict policies), `obs` is the dict
+    of raw input buffers and the images are converted here, inside the step."""
     views = {
         name: buf[off : off + n].view(dtype).view(shape) for name, dtype, shape, off, n in table
     }
     if ring is not None:
         record(ring, buf, views["step"])
-    raw_step(policy, obs, views, action, chunk)
+    if conv is not None:
+        obs = policy_inputs(obs, conv)
+    raw_step(policy, obs, views, action, chunk, kind)
 
 
 _fused_step = None
 
 
 def fused_step():
-    """raw_step compiled by inductor (elementwise chains fused into few kernels), shared by all
-    sessions: same shapes, so one compilation serves every arena. It is captured into our own
-    graph afterwards; inductor's own cudagraphs are off because they skip in-place state."""
+    """arena_step compiled by inductor (elementwise chains fused into few kernels), shared by
+    all sessions: same shapes, so one compilation serves every arena (one per tick kind). It
+    is captured into our own graph afterwards; inductor's own cudagraphs are off because they
+    skip in-place state."""
     global _fused_step
     if _fused_step is None:
         _fused_step = torch.compile(arena_step, dynamic=False)
@@ -67,25 +78,32 @@ class Session:
         use_graph: bool,
         fuse: bool = False,
         flight_ticks: int = 0,
+        encodings: dict[str, str] | None = None,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
-        allocated here, before the step is captured, and written by the captured step."""
+        allocated here, before the step is captured, and written by the captured step.
+        `encodings` maps each image input to its camera encoding (inputs.resolve_encodings)."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
-        self.obs = torch.zeros((1, policy.obs_dim), dtype=torch.float32, device=device)
+        specs = policy.input_spec()
+        self._encodings = dict(encodings or {})
+        self.inputs = InputBuffers(specs, self._encodings, device)
+        # the vector form's buffers (the first vector input; None for an image-only policy)
+        first = next((i.name for i in specs if i.kind == "vector"), None)
+        self.obs = self.inputs.dev.get(first)
+        self.host_obs = self.inputs.host.get(first)
+        self.obs_np = self.inputs.np.get(first)
         self.action = torch.zeros((1, policy.action_dim), dtype=torch.float32, device=device)
         self.chunk = torch.zeros(
             (1, policy.chunk_len, policy.action_dim), dtype=torch.float32, device=device
         )
         if torch.device(device).type == "cuda":  # pinned staging for async copies
-            self.host_obs = torch.zeros(self.obs.shape, pin_memory=True)
             self.host_action = torch.zeros(self.action.shape, pin_memory=True)
             self.host_chunk = torch.zeros(self.chunk.shape, pin_memory=True)
         else:  # on the CPU the static buffers are the host buffers
-            self.host_obs, self.host_action, self.host_chunk = self.obs, self.action, self.chunk
+            self.host_action, self.host_chunk = self.action, self.chunk
         # numpy views of the host buffers: staging and reading allocate no tensors per tick
-        self.obs_np = self.host_obs[0].numpy()
         self.action_np = self.host_action[0].numpy()
         self.chunk_np = self.host_chunk[0].numpy()
         self.steps = 0  # host mirror of views["step"], so reading it never syncs
@@ -93,7 +111,6 @@ class Session:
         with torch.no_grad():
             policy.init_state(self.views, seed)
             self.views["meta"][0, 0] = int(seed)
-        views, obs, action, chunk = self.views, self.obs, self.action, self.chunk
         buf = self.arena.buf
         table = tuple(
             (e.name, e.dtype, tuple(e.shape), r.offset, r.nbytes)
@@ -103,33 +120,73 @@ class Session:
         fused = fused_step() if fuse else None
         self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
         ring = self.flight.words if self.flight is not None else None
+        kinds = range(len(policy.tick_kinds))
+        # per tick kind: the inputs it reads, in input_spec order (only those are staged)
+        self.tick_names = [
+            tuple(n for n in self.inputs.dev if n in set(policy.tick_inputs(k))) for k in kinds
+        ]
+        self.plans: list[StepPlan] = []
+        self._step_fns: list = []
+        for k in kinds:
+            self.plans.append(self._plan(policy, k, fused, ring, device, use_graph))
+        self.plan = self.plans[0]
+        self.step_fn = self._step_fns[0]  # the first kind's step, without IO
+        # With a graph, the input uploads and the output downloads are memcpy nodes of the
+        # graph: a tick is then one launch and one wait, with nothing else issued per step.
+        self.io_in_graph = self.plan.use_graph
+        # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
+        # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
+        protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
+        for plan in self.plans:
+            plan.capture(protect)
+
+    def _plan(self, policy: Policy, kind: int, fused, ring, device, use_graph) -> StepPlan:
+        """The StepPlan of one tick kind: its step function over the static buffers and, with a
+        graph, the uploads of the inputs it reads and the output downloads around it."""
+        views, action, chunk = self.views, self.action, self.chunk
+        buf, table = self.arena.buf, self.table
+        names = self.tick_names[kind]
+        dev = {n: self.inputs.dev[n] for n in names}
+        if policy.takes_dict:
+            specs = self.inputs.specs
+            conv = tuple(
+                (n, None, 0)
+                if specs[n].kind == "vector"
+                else (n, self._encoding(n), specs[n].shape[0])
+                for n in names
+            )
+            obs = dev
+        else:
+            conv, obs = None, self.obs
 
         def step_fn() -> None:
             if fused is not None:
-                fused(policy, buf, obs, action, chunk, table, ring)
+                fused(policy, buf, obs, action, chunk, table, ring, kind, conv)
             else:
                 if ring is not None:
                     record(ring, buf, views["step"])
-                raw_step(policy, obs, views, action, chunk)
+                x = policy_inputs(obs, conv) if conv is not None else obs
+                raw_step(policy, x, views, action, chunk, kind)
 
-        self.step_fn = step_fn  # the step over the static device buffers, without IO
-        self.plan = StepPlan(step_fn, device, use_graph)
-        # With a graph, the observation upload and the output downloads are memcpy nodes of the
-        # graph: a tick is then one launch and one wait, with nothing else issued per step.
-        self.io_in_graph = self.plan.use_graph
-        if self.io_in_graph:
-            host_obs, host_action, host_chunk = self.host_obs, self.host_action, self.host_chunk
+        self._step_fns.append(step_fn)
+        plan = StepPlan(step_fn, device, use_graph)
+        if plan.use_graph:
+            host = {n: self.inputs.host[n] for n in names}
+            host_action, host_chunk = self.host_action, self.host_chunk
 
             def io_step_fn() -> None:
-                copy_io(obs, host_obs)
+                for n, d in dev.items():
+                    copy_io(d, host[n])
                 step_fn()
                 copy_io(host_action, action)
                 copy_io(host_chunk, chunk)
 
-            self.plan.fn = io_step_fn
-        # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
-        # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
-        self.plan.capture([self.arena.buf, self.obs, self.action, self.chunk])
+            plan.fn = io_step_fn
+        return plan
+
+    def _encoding(self, name: str) -> str:
+        shape = self.inputs.shapes[name]
+        return self._encodings.get(name, "mono8" if shape[2] == 1 else "rgb8")
 
     def state_replaced(self) -> None:
         """Called by the Engine after anything other than a step or a rewind rewrote the arena

@@ -1,0 +1,291 @@
+"""Serve a LeRobot-shaped chunked policy (ACT, Diffusion Policy, flow-matching heads) unchanged.
+
+The module only has to offer a pure `predict_action_chunk(batch[, noise]) -> (B, chunk, A)` and
+a LeRobot-style `config` (input_features, output_features, chunk_size, n_action_steps,
+n_obs_steps, optional temporal_ensemble_coeff). Everything stateful that LeRobot keeps in
+Python deques around the model lives here, in the arena, so a capsule holds it:
+
+- the observation history: a ring of n_obs_steps per input (float, as the policy sees it),
+  started LeRobot's way (the first observation repeated), read back in time order;
+- the action queue: the latest chunk, read at cursor `step % n_action_steps` (the cursor is the
+  arena's step counter, so it cannot disagree with it);
+- temporal ensembling (ACT): a running weighted sum and count per future tick, weights
+  exp(-coeff * i) for the i-th prediction of that tick, as LeRobot's ACTTemporalEnsembler;
+- the noise: when predict_action_chunk takes `noise`, a counter-based hash (rng.py) of a key
+  and a counter kept in the arena, so a restore or a branch replays the same noise bit for bit.
+
+Two tick kinds, each captured as its own graph: "infer" (a new chunk) every n_action_steps
+ticks, "queue" (pop the next action) in between; with ensembling, or n_action_steps == 1,
+every tick infers. The host picks the kind from its mirror of the step counter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from flashrt_ros.errors import BadRequest
+from flashrt_ros.policies.base import IMAGE_PREFIX, InputSpec, Policy, StateEntry
+from flashrt_ros.policies.rng import hashed_normal
+
+INFER, QUEUE = 0, 1
+
+
+def feature_type(feature) -> str:
+    """ "STATE" | "VISUAL" | "ACTION" | ... from a LeRobot PolicyFeature's `.type` (a string or
+    an enum whose name is that)."""
+    t = getattr(feature, "type", None)
+    return str(getattr(t, "name", t)).upper()
+
+
+def _shape(feature, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in feature.shape)
+    except (AttributeError, TypeError, ValueError):
+        raise BadRequest(f"feature {name!r} has no integer .shape") from None
+
+
+def _positive_int(v, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise BadRequest(f"config.{field} must be an integer >= 1, got {v!r}")
+    return v
+
+
+class ChunkedPolicy(Policy):
+    """A LeRobot-shaped module wrapped in the in-place Policy protocol (see module docstring).
+
+    `step_with_chunk`'s chunk is the plan from this tick on, (chunk_size, action_dim): row 0 is
+    this tick's action; without ensembling rows past the end of the latest chunk repeat its
+    last action (hold); with ensembling it is the blended plan."""
+
+    takes_dict = True
+
+    def __init__(
+        self,
+        module: nn.Module,
+        policy_id: str | None = None,
+        check_pure: bool = True,
+        time_axis: bool | None = None,
+    ):
+        """`time_axis`: whether batch entries carry the history as dim 1 (default: when
+        n_obs_steps > 1, as LeRobot stacks it). `check_pure` calls predict_action_chunk twice
+        on the same inputs at load and refuses a module whose outputs differ."""
+        super().__init__()
+        cfg = getattr(module, "config", None)
+        if cfg is None or not callable(getattr(module, "predict_action_chunk", None)):
+            raise BadRequest(
+                f"{type(module).__name__} is not LeRobot-shaped: it needs .config and "
+                ".predict_action_chunk(batch)"
+            )
+        self.module = module.eval()
+        ins = dict(getattr(cfg, "input_features", None) or {})
+        outs = dict(getattr(cfg, "output_features", None) or {})
+        specs = []
+        for name, f in ins.items():
+            kind = feature_type(f)
+            if kind == "STATE":
+                specs.append(InputSpec(name, _shape(f, name)[-1:], "vector"))
+            elif kind == "VISUAL":
+                shape = _shape(f, name)
+                if not name.startswith(IMAGE_PREFIX) or len(shape) != 3 or shape[0] not in (1, 3):
+                    raise BadRequest(
+                        f"visual input {name!r}: want observation.images.<cam> of "
+                        f"shape (1|3, H, W), got {shape}"
+                    )
+                specs.append(InputSpec(name, shape, "image"))
+            else:
+                raise BadRequest(f"input {name!r} of type {kind} is not served (STATE, VISUAL)")
+        if not specs:
+            raise BadRequest("config.input_features declares no STATE or VISUAL input")
+        acts = [(n, f) for n, f in outs.items() if feature_type(f) == "ACTION"]
+        if len(acts) != 1:
+            raise BadRequest(f"config.output_features must hold one ACTION, got {list(outs)}")
+        self._inputs = specs
+        self.action_dim = _shape(acts[0][1], acts[0][0])[-1]
+        self.obs_dim = next((s.shape[0] for s in specs if s.kind == "vector"), 0)
+        self.goal_dim = 0
+        self.n_obs = _positive_int(getattr(cfg, "n_obs_steps", 1), "n_obs_steps")
+        self.n_action = _positive_int(getattr(cfg, "n_action_steps", None), "n_action_steps")
+        chunk = getattr(cfg, "chunk_size", None) or getattr(cfg, "horizon", None)
+        self.chunk_len = _positive_int(chunk, "chunk_size")
+        if self.n_action > self.chunk_len:
+            raise BadRequest(f"n_action_steps {self.n_action} > chunk_size {self.chunk_len}")
+        coeff = getattr(cfg, "temporal_ensemble_coeff", None)
+        if coeff is not None:
+            if (
+                isinstance(coeff, bool)
+                or not isinstance(coeff, int | float)
+                or not math.isfinite(coeff)
+            ):
+                raise BadRequest(f"temporal_ensemble_coeff must be a finite number, got {coeff!r}")
+            if self.n_action != 1:
+                raise BadRequest("temporal ensembling infers every tick: n_action_steps must be 1")
+        self.coeff = None if coeff is None else float(coeff)
+        self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
+        params = inspect.signature(module.predict_action_chunk).parameters
+        self.takes_noise = "noise" in params
+        horizon = getattr(cfg, "horizon", None) or self.chunk_len
+        self.noise_shape = tuple(getattr(module, "noise_shape", (horizon, self.action_dim)))
+        pops = self.coeff is None and self.n_action > 1
+        self.tick_kinds = ("infer", "queue") if pops else ("infer",)
+        base = policy_id or f"chunked:{type(module).__module__}.{type(module).__qualname__}"
+        self.policy_id = (
+            f"{base}/c{self.chunk_len}-n{self.n_action}-o{self.n_obs}-e{self.coeff}"
+            f"-t{int(self.time_axis)}"
+        )
+        c = self.chunk_len
+        self.register_buffer("rows", torch.arange(c), persistent=False)
+        self.register_buffer("obs_t", torch.arange(self.n_obs), persistent=False)
+        w = torch.exp(-(self.coeff or 0.0) * torch.arange(c, dtype=torch.float64))
+        self.register_buffer("ens_w", w.float(), persistent=False)
+        self.register_buffer("ens_cum", torch.cumsum(w, 0).float(), persistent=False)
+        n = math.prod(self.noise_shape)
+        self.register_buffer("noise_lanes", torch.arange(n, dtype=torch.int64), persistent=False)
+        if check_pure:
+            self.check_pure()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def input_spec(self) -> list[InputSpec]:
+        return list(self._inputs)
+
+    def tick_kind(self, step: int) -> int:
+        return INFER if len(self.tick_kinds) == 1 or step % self.n_action == 0 else QUEUE
+
+    def tick_inputs(self, kind: int) -> tuple[str, ...]:
+        # a queue tick reads the inputs only to keep a history; with one step there is none
+        if kind == QUEUE and self.n_obs == 1:
+            return ()
+        return tuple(s.name for s in self._inputs)
+
+    def state_spec(self) -> list[StateEntry]:
+        f32 = torch.float32
+        spec = []
+        if self.n_obs > 1:
+            for s in self._inputs:
+                spec.append(StateEntry(f"hist.{s.name}", f32, (1, self.n_obs, *s.shape), "history"))
+        c, a = self.chunk_len, self.action_dim
+        if self.coeff is None:
+            spec.append(StateEntry("queue", f32, (1, c, a), "queue"))
+        else:
+            spec.append(StateEntry("ens_sum", f32, (1, c, a), "queue"))
+            spec.append(StateEntry("ens_count", torch.int64, (1, c), "queue"))
+        if self.takes_noise:
+            spec.append(StateEntry("rng", torch.int64, (1, 2), "noise"))
+        return spec
+
+    def init_state(self, state: dict[str, torch.Tensor], seed: int) -> None:
+        if self.takes_noise:
+            state["rng"][:, 0] = int(seed) & 0x7FFFFFFF
+            state["rng"][:, 1] = 0
+
+    def step(self, obs, state, action, chunk) -> None:
+        self.step_kind(INFER, obs, state, action, chunk)
+
+    def step_kind(self, kind, obs, state, action, chunk) -> None:
+        """One tick: push the inputs into the history, then infer (a new chunk) or pop."""
+        step = state["step"]  # (1,) ticks before this one
+        batch = self._history(obs, state, step)
+        if kind == INFER:
+            pred = self.predict(batch, state)
+            if self.coeff is not None:
+                self._ensemble(pred, state, action, chunk)
+                return
+            state["queue"].copy_(pred)
+        idx = torch.clamp(step % self.n_action + self.rows, max=self.chunk_len - 1)
+        plan = state["queue"].index_select(1, idx)
+        chunk.copy_(plan)
+        action.copy_(plan[:, 0])
+
+    # -- the pieces -------------------------------------------------------------------------------
+    def _history(self, obs: dict, state: dict, step: torch.Tensor) -> dict:
+        """The batch LeRobot would build: with n_obs_steps > 1 each input is written to ring slot
+        step % T and read back in time order, the slots before the first tick standing for the
+        first observation (LeRobot repeats it): slot of max(step - T + 1 + t, 0)."""
+        if self.n_obs == 1:
+            return {k: v[:, None] if self.time_axis else v for k, v in obs.items()}
+        t = self.n_obs
+        slot = step % t
+        order = torch.clamp(step - (t - 1) + self.obs_t, min=0) % t
+        out = {}
+        for k, v in obs.items():
+            h = state[f"hist.{k}"]
+            h.index_copy_(1, slot, v[:, None])
+            seq = h.index_select(1, order)
+            out[k] = seq if self.time_axis else seq[:, -1]
+        return out
+
+    def predict(self, batch: dict, state: dict) -> torch.Tensor:
+        """The module's chunk for this batch, with noise drawn from the arena's counter."""
+        if not self.takes_noise:
+            return self.module.predict_action_chunk(batch)
+        rng = state["rng"]
+        noise = hashed_normal(rng[:, :1], rng[:, 1:2], self.noise_lanes[None])
+        rng[:, 1].add_(1)
+        return self.module.predict_action_chunk(batch, noise=noise.view(1, *self.noise_shape))
+
+    def _ensemble(self, pred, state, action, chunk) -> None:
+        """LeRobot's ACTTemporalEnsembler as a running weighted sum and count per future tick:
+        the i-th prediction of a tick weighs exp(-coeff * i); the plan is sum / cumsum(w)."""
+        s, n = state["ens_sum"], state["ens_count"]
+        c = self.chunk_len
+        w = self.ens_w.index_select(0, n.view(-1).clamp(max=c - 1)).view_as(n)
+        total = s + w[..., None] * pred
+        count = torch.clamp(n + 1, max=c)
+        plan = total / self.ens_cum.index_select(0, (count - 1).view(-1)).view(1, c, 1)
+        chunk.copy_(plan)
+        action.copy_(plan[:, 0])
+        # consume this tick: shift left, the new last tick starts empty
+        s[:, :-1].copy_(total[:, 1:])
+        s[:, -1].zero_()
+        n[:, :-1].copy_(count[:, 1:])
+        n[:, -1].zero_()
+
+    # -- load-time checks -------------------------------------------------------------------------
+    def example_batch(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """A batch of one as the module sees it (history axis included), random but valid."""
+        out = {}
+        for s in self._inputs:
+            shape = (1, self.n_obs, *s.shape) if self.time_axis else (1, *s.shape)
+            x = torch.rand(shape, generator=generator)
+            out[s.name] = x if s.kind == "image" else x * 2 - 1
+        return out
+
+    def check_pure(self) -> None:
+        """Call predict_action_chunk twice on the same batch (and noise): different outputs
+        mean it draws its own randomness or keeps state (queues), which no capsule can hold,
+        so it is refused. Also checks the output shape."""
+        g = torch.Generator().manual_seed(0)
+        p = next(self.module.parameters(), None)
+        dev = p.device if p is not None else torch.device("cpu")
+        batch = {k: v.to(dev) for k, v in self.example_batch(g).items()}
+        kw = {}
+        if self.takes_noise:
+            kw["noise"] = torch.randn((1, *self.noise_shape), generator=g).to(dev)
+        outs = []
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for _ in range(2):
+                try:
+                    y = self.module.predict_action_chunk(
+                        {k: v.clone() for k, v in batch.items()}, **kw
+                    )
+                except Exception as e:
+                    raise BadRequest(
+                        f"{self.policy_id}: predict_action_chunk failed on an example batch "
+                        f"({type(e).__name__}: {e})"
+                    ) from e
+                outs.append(y)
+        want = (1, self.chunk_len, self.action_dim)
+        if not isinstance(outs[0], torch.Tensor) or tuple(outs[0].shape) != want:
+            got = tuple(outs[0].shape) if isinstance(outs[0], torch.Tensor) else type(outs[0])
+            raise BadRequest(f"{self.policy_id}: predict_action_chunk returned {got}, want {want}")
+        if not torch.equal(outs[0], outs[1]):
+            diff = float((outs[0] - outs[1]).abs().max())
+            raise BadRequest(
+                f"{self.policy_id}: predict_action_chunk is not a pure function of its inputs "
+                f"(two calls on the same batch{' and noise' if kw else ''} differ by {diff:g}): "
+                "it draws its own randomness or keeps state, which a capsule cannot hold. Pass "
+                "randomness in through a `noise` argument and keep queues out of it."
+            )

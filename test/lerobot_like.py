@@ -1,0 +1,173 @@
+"""Small torch modules shaped like LeRobot policies (config.input_features of typed features,
+predict_action_chunk), for the chunked-adapter tests: real modules, CPU-fast.
+
+- `LeRobotLike`: a camera, a mono wrist camera and the joint state over n_obs_steps, noise in,
+  a chunk out; it counts its calls and keeps its outputs so tests can check cadence and
+  compare with reference code. Its outputs depend on every input, every history step and the
+  noise, so any piece of state restored wrong shows up in the actions.
+- `ImageStats`: returns statistics of the images it is given (channel means, single pixels), so
+  the layout, scale and channel order the runtime hands it can be checked.
+- `Impure`: draws its own noise with torch.randn, which no capsule can hold: refused at load.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+class FeatureType(enum.Enum):  # an enum whose *name* is the type, as LeRobot's
+    STATE = 1
+    VISUAL = 2
+    ACTION = 3
+
+
+@dataclass(frozen=True)
+class PolicyFeature:
+    type: FeatureType
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Config:
+    input_features: dict = field(default_factory=dict)
+    output_features: dict = field(default_factory=dict)
+    chunk_size: int = 6
+    n_action_steps: int = 4
+    n_obs_steps: int = 2
+    temporal_ensemble_coeff: float | None = None
+
+
+STATE_DIM, ACTION_DIM = 4, 3
+TOP_HW, WRIST_HW = (8, 10), (6, 6)
+
+
+def features(top_c: int = 3, wrist: bool = True) -> dict:
+    f = {
+        "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
+        "observation.images.top": PolicyFeature(FeatureType.VISUAL, (top_c, *TOP_HW)),
+    }
+    if wrist:
+        f["observation.images.wrist"] = PolicyFeature(FeatureType.VISUAL, (1, *WRIST_HW))
+    return f
+
+
+class LeRobotLike(nn.Module):
+    """predict_action_chunk(batch, noise) -> (1, chunk_size, 3): a linear map of the state
+    history and per-step image statistics, plus 0.1 * noise."""
+
+    def __init__(
+        self,
+        n_obs_steps: int = 2,
+        n_action_steps: int = 4,
+        chunk_size: int = 6,
+        coeff: float | None = None,
+        noise: bool = True,
+    ):
+        super().__init__()
+        self.config = Config(
+            input_features=features(),
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+            chunk_size=chunk_size,
+            n_action_steps=n_action_steps,
+            n_obs_steps=n_obs_steps,
+            temporal_ensemble_coeff=coeff,
+        )
+        n_feat = n_obs_steps * (STATE_DIM + 3 + 1 + 2)
+        g = torch.Generator().manual_seed(3)
+        self.w = nn.Parameter(torch.randn(n_feat, chunk_size * ACTION_DIM, generator=g) * 0.3)
+        self.uses_noise = noise
+        self.calls = 0  # host-side count of real calls (CPU eager: one per inference)
+        self.outputs: list[torch.Tensor] = []
+        if not noise:  # no `noise` parameter at all: the runtime must not pass one
+            self.predict_action_chunk = self._predict_plain
+
+    def _features(self, batch: dict) -> torch.Tensor:
+        T = self.config.n_obs_steps
+        state = batch["observation.state"]
+        top = batch["observation.images.top"]
+        wrist = batch["observation.images.wrist"]
+        if T == 1 and state.dim() == 2:  # no history axis
+            state, top, wrist = state[:, None], top[:, None], wrist[:, None]
+        b = state.shape[0]
+        parts = [
+            state,
+            top.mean((-1, -2)),  # (B, T, 3) channel means
+            wrist.mean((-1, -2, -3))[..., None],  # (B, T, 1)
+            top[:, :, 0, 0, :2],  # (B, T, 2) two pixels of the first channel
+        ]
+        return torch.cat(parts, -1).reshape(b, -1)
+
+    def predict_action_chunk(self, batch: dict, noise: torch.Tensor | None = None):
+        out = self._predict_plain(batch)
+        if noise is not None:
+            out = out + 0.1 * noise
+        self.outputs.append(out.detach().clone())
+        return out
+
+    def _predict_plain(self, batch: dict) -> torch.Tensor:
+        self.calls += 1
+        c = self.config
+        y = torch.tanh(self._features(batch) @ self.w).view(-1, c.chunk_size, ACTION_DIM)
+        if not self.uses_noise:
+            self.outputs.append(y.detach().clone())
+        return y
+
+
+class ImageStats(nn.Module):
+    """One observation step, chunk 1: the action is (top channel means (3), top[0, 0, 1] and
+    top[2, 1, 0] as (c, h, w) pixels, wrist channel means (3), top min, top max)."""
+
+    def __init__(self, wrist_c: int = 3):
+        super().__init__()
+        f = features()
+        f["observation.images.wrist"] = PolicyFeature(FeatureType.VISUAL, (wrist_c, *WRIST_HW))
+        self.config = Config(
+            input_features=f,
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (10,))},
+            chunk_size=1,
+            n_action_steps=1,
+            n_obs_steps=1,
+        )
+        self.wrist_c = wrist_c
+
+    def predict_action_chunk(self, batch: dict) -> torch.Tensor:
+        top = batch["observation.images.top"]  # (B, 3, H, W)
+        wrist = batch["observation.images.wrist"]
+        wm = wrist.mean((-1, -2))
+        if self.wrist_c == 1:
+            wm = wm.expand(-1, 3)
+        a = torch.cat(
+            [
+                top.mean((-1, -2)),
+                top[:, 0, 0, 1, None],
+                top[:, 2, 1, 0, None],
+                wm,
+                top.amin((1, 2, 3))[:, None],
+                top.amax((1, 2, 3))[:, None],
+            ],
+            -1,
+        )
+        return a[:, None]
+
+
+class Impure(LeRobotLike):
+    """Draws its own noise: two calls on the same inputs differ."""
+
+    def predict_action_chunk(self, batch: dict, noise: torch.Tensor | None = None):
+        return self._predict_plain(batch) + 0.1 * torch.randn(1, self.config.chunk_size, 3)
+
+
+def make(**kw) -> LeRobotLike:
+    return LeRobotLike(**kw)
+
+
+def make_impure() -> Impure:
+    return Impure()
+
+
+def make_stats(wrist_c: int = 3) -> ImageStats:
+    return ImageStats(wrist_c)

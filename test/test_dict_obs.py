@@ -1,0 +1,122 @@
+"""Dict observations (`engine.step({"observation.state": ..., "observation.images.<cam>": ...})`):
+every key checked before any buffer is touched, a bad one refused naming the key and changing
+nothing; the plain vector form still serves builtin:hybrid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashrt_ros import Engine, load_policy
+from flashrt_ros.errors import BadRequest
+from flashrt_ros.policies.chunked import ChunkedPolicy
+from test import lerobot_like as ll
+from test.engine_util import observations
+from test.test_chunked import obs_stream
+
+TOP, WRIST, STATE = "observation.images.top", "observation.images.wrist", "observation.state"
+
+
+def eng() -> Engine:
+    e = Engine(ChunkedPolicy(ll.LeRobotLike()), device="cpu", obs_limit=100.0)
+    for o in obs_stream(6, seed=9):  # a history, a queue and used noise to lose
+        e.step(o)
+    return e
+
+
+def good() -> dict:
+    return obs_stream(1, seed=3)[0]
+
+
+def with_(key, value) -> dict:
+    o = good()
+    o[key] = value
+    return o
+
+
+def without(key) -> dict:
+    o = good()
+    del o[key]
+    return o
+
+
+img = np.zeros((*ll.TOP_HW, 3), dtype=np.uint8)
+nan_state = np.array([0.0, np.nan, 0.0, 0.0])
+BAD = [
+    (with_(STATE, nan_state), STATE, "NaN"),
+    (with_(STATE, np.array([0.0, 0.0, np.inf, 0.0])), STATE, "NaN or Inf"),
+    (with_(STATE, np.array([0.0, 0.0, 0.0, 1e3])), STATE, "obs_limit"),
+    (with_(STATE, np.zeros(5)), STATE, "shape"),
+    (with_(STATE, ["a", 1, 2, 3]), STATE, "not a number"),
+    (with_(TOP, img.astype(np.float32)), TOP, "uint8"),
+    (with_(TOP, img[:, :, :1]), TOP, "shape"),
+    (with_(TOP, img.transpose(2, 0, 1)), TOP, "shape"),  # CHW is not the wire layout
+    (with_(TOP, img.tolist()), TOP, "numpy array"),
+    (with_(WRIST, np.zeros((*ll.WRIST_HW, 3), dtype=np.uint8)), WRIST, "shape"),
+    (without(WRIST), WRIST, "missing"),
+    (with_("observation.images.side", img), "observation.images.side", "unknown"),
+]
+
+
+@pytest.mark.parametrize("obs, key, why", BAD, ids=[f"{k}-{w}" for _, k, w in BAD])
+def test_a_bad_key_is_refused_naming_it_and_changes_nothing(obs, key, why):
+    e = eng()
+    s = e.session("main")
+    before = e.state_bytes(), e.session_step()
+    staged = {n: t.clone() for n, t in s.inputs.dev.items()}
+    with pytest.raises(BadRequest, match=why) as err:
+        e.step(obs)
+    assert key in str(err.value)
+    assert (e.state_bytes(), e.session_step()) == before
+    assert all(np.array_equal(staged[n], t) for n, t in s.inputs.dev.items())
+    with pytest.raises(BadRequest):
+        e.rollout([good(), obs])  # a bad later row: not even the first row is stepped
+    assert (e.state_bytes(), e.session_step()) == before
+
+
+def test_the_vector_form_is_refused_for_a_policy_with_images():
+    e = eng()
+    with pytest.raises(BadRequest, match="dict observation"):
+        e.step(np.zeros(4))
+
+
+def test_rollout_of_dicts_equals_stepping():
+    a, b = eng(), eng()
+    rows = obs_stream(7, seed=4)
+    assert np.array_equal(a.rollout(rows), np.array([b.step(o) for o in rows]))
+
+
+def test_observation_spec_tells_the_wire_layout():
+    spec = eng().observation_spec()
+    assert spec[STATE] == {"kind": "vector", "shape": (4,), "dtype": "float32", "encoding": None}
+    assert spec[TOP]["shape"] == (*ll.TOP_HW, 3) and spec[TOP]["encoding"] == "rgb8"
+    assert spec[WRIST]["shape"] == (*ll.WRIST_HW, 1) and spec[WRIST]["encoding"] == "mono8"
+
+
+@pytest.mark.parametrize(
+    "enc, why",
+    [
+        ({TOP: "yuv422"}, "one of"),
+        ({"observation.images.nope": "rgb8"}, "not image inputs"),
+        ({WRIST: "rgb8"}, "mono8"),
+        ({STATE: "rgb8"}, "not image inputs"),
+    ],
+)
+def test_bad_image_encodings_are_refused(enc, why):
+    with pytest.raises(BadRequest, match=why):
+        Engine(ChunkedPolicy(ll.LeRobotLike()), device="cpu", image_encodings=enc)
+
+
+def test_the_vector_form_and_the_dict_form_serve_builtin_hybrid_alike():
+    policy = load_policy("builtin:hybrid", d_model=16, n_heads=2)
+    a = Engine(policy, device="cpu")
+    b = Engine(policy, device="cpu")
+    obs = observations(12)
+    va = np.array([a.step(o) for o in obs])
+    vb = np.array([b.step({STATE: o}) for o in obs])
+    assert np.array_equal(va, vb)
+    assert a.observation_spec() == {
+        STATE: {"kind": "vector", "shape": (12,), "dtype": "float32", "encoding": None}
+    }
+    with pytest.raises(BadRequest, match="unknown"):
+        a.step({STATE: obs[0], TOP: img})

@@ -22,7 +22,7 @@ class NodeClient:
     def __init__(self, ros, proc):
         self.ros, self.proc, n = ros, proc, ros.node
         self.commands: list[np.ndarray] = []
-        self.diagnostics: list[dict] = []
+        self.diagnostics: list[dict] = []  # key/values, plus "_level" (int) and "_message"
         self.goals_applied = 0
         self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
         self._goal = n.create_publisher(Float64MultiArray, proc.topic("goal"), 10)
@@ -46,8 +46,10 @@ class NodeClient:
 
     def _on_diag(self, msg) -> None:
         for st in msg.status:
-            if "flashrt" in st.name:
-                self.diagnostics.append({kv.key: kv.value for kv in st.values})
+            if st.name.startswith(f"{self.proc.fqn}:"):  # this node's, not another's
+                d = {kv.key: kv.value for kv in st.values}
+                d["_level"], d["_message"] = int.from_bytes(st.level, "little"), st.message
+                self.diagnostics.append(d)
 
     def _on_goal_applied(self, msg) -> None:
         self.goals_applied += 1
@@ -82,6 +84,7 @@ class NodeClient:
             "drop_capsule": srv.DropCapsule,
             "rollout": srv.Rollout,
             "drop_session": srv.DropSession,
+            "reset_session": srv.ResetSession,
         }[service]
         req = typ.Request()
         for k, v in fields.items():
@@ -92,3 +95,11 @@ class NodeClient:
         n = len(self.diagnostics)
         assert self.ros.spin_until(lambda: len(self.diagnostics) > n, timeout), "no diagnostics"
         return self.diagnostics[-1]
+
+    def wait_diag(self, pred, timeout: float = 5.0) -> dict:
+        """The first diagnostics message from now on for which pred(d) holds."""
+        n = len(self.diagnostics)
+        assert self.ros.spin_until(lambda: any(pred(d) for d in self.diagnostics[n:]), timeout), (
+            f"no such diagnostics; last: {self.diagnostics[-1:]}"
+        )
+        return next(d for d in self.diagnostics[n:] if pred(d))

@@ -178,7 +178,7 @@ def test_bad_observations_are_refused_counted_and_never_stepped(fresh):
                 "session": "c_new",
                 "capsule": "origin",
             },
-            "overflows float32",
+            "obs_limit",
         ),
         (
             "rollout",

@@ -3,8 +3,14 @@
 Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states (one
 mutually exclusive group, so they are handled in arrival order) and the services (a reentrant
 group). The timer trigger runs its own thread, which takes joint_states itself at the top of each
-tick (polled.py says why). Every Engine call holds `engine_lock`, so a service request always
-lands between two steps: at the next commit boundary, or at once when the loop is idle.
+tick (polled.py says why). A rollout steps on a thread of its own (services.py). Every Engine
+call holds the engine lock (loop.EngineLock), so a service request always lands between two
+steps; the control tick goes first, and a rollout steps only where no tick is due.
+
+Safety: nothing non-finite is ever published. A step that produces a NaN/Inf action (or fails on
+the device) is a fault: nothing is published, it is counted and logged, /diagnostics goes ERROR,
+and the session stays poisoned (no step, no command) until ~/reset_session, ~/restore or
+~/branch puts a good state back into it.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
+from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, take
-from flashrt_ros.node.services import SCRATCH, CapsuleServices
+from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.policies.loader import load_policy
@@ -39,11 +46,10 @@ class FlashrtNode(LifecycleNode):
         super().__init__("flashrt", **kwargs)
         params.declare(self)
         self.cfg: params.NodeConfig | None = None
-        self.engine: Engine | None = None
-        self.engine_lock = threading.Lock()
-        self.live = "main"
         self.active = False
         self.stats = LoopStats()
+        # the services' (and diagnostics') view of the node: engine, live session, lock, stats
+        self.control = Control(self.stats, self.get_logger(), lambda: self.cfg)
         self.mapper: JointMapper | None = None
         self._obs_lock = threading.Lock()
         self._latest_obs: np.ndarray | None = None
@@ -55,18 +61,39 @@ class FlashrtNode(LifecycleNode):
         self._polled = PolledGroup()
         self._js_sub = None
         self._subs = []
-        self.capsule_services = CapsuleServices(self, self._cb_services)
+        self.capsule_services = CapsuleServices(self.control, self, self._cb_services)
+        self.flight = FlightServices(self.control, self, self._cb_services)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
         self.create_timer(1.0, self._publish_diagnostics, callback_group=self._cb_services)
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.control.engine
+
+    @engine.setter
+    def engine(self, engine: Engine | None) -> None:
+        self.control.engine = engine
+
+    @property
+    def live(self) -> str:
+        return self.control.live
+
+    @live.setter
+    def live(self, name: str) -> None:
+        self.control.live = name
+
+    @property
+    def engine_lock(self):
+        return self.control.lock
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
             cfg = params.read(self)
             policy = load_policy(cfg.policy, weights=cfg.weights or None)
-            mapper = JointMapper(cfg.joint_names)
+            mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit)
             if policy.action_dim != mapper.n or policy.obs_dim != 2 * mapper.n:
                 raise ValueError(
                     f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
@@ -80,7 +107,9 @@ class FlashrtNode(LifecycleNode):
                 capsule_slots=cfg.capsule_slots,
                 host_capsule_slots=cfg.host_capsule_slots,
                 capsule_dir=cfg.capsule_dir or None,
-                max_sessions=cfg.max_sessions + 1,  # + the hidden rollout session
+                max_sessions=cfg.max_sessions,  # the rollout scratch session is not counted
+                obs_limit=cfg.obs_limit,
+                flight_ticks=cfg.flight_ticks,
             )
         except (ValueError, RuntimeError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
@@ -118,7 +147,7 @@ class FlashrtNode(LifecycleNode):
         # full passes (which hold the GIL for milliseconds) from walking it during control.
         gc.collect()
         gc.freeze()
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_configure(state)
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         with self._obs_lock:
@@ -129,7 +158,11 @@ class FlashrtNode(LifecycleNode):
         self.active = True
         if self.cfg.trigger == "timer":
             self._loop = TimerLoop(
-                self.cfg.rate_hz, self._timer_tick, self._on_timing, self._on_tick_error
+                self.cfg.rate_hz,
+                self._timer_tick,
+                self._on_timing,
+                self._on_tick_error,
+                lock=self.control.lock,
             )
             self._loop.start()
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
@@ -140,20 +173,21 @@ class FlashrtNode(LifecycleNode):
         if self._loop is not None:
             self._loop.stop()
             self._loop = None
+        self.flight.on_deactivate()
         self.get_logger().info("inactive: no more commands, the robot holds")
         return super().on_deactivate(state)
 
     def on_cleanup(self, state) -> TransitionCallbackReturn:
         self._release()
         self.get_logger().info("cleaned up: engine and GPU memory freed")
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_cleanup(state)
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
         if self._loop is not None:
             self._loop.stop()
         self._release()
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_shutdown(state)
 
     def _release(self) -> None:
         for s in self._subs:
@@ -187,6 +221,7 @@ class FlashrtNode(LifecycleNode):
         except ValueError as e:
             self._refuse(str(e))
             return
+        self.flight.seen(msg.header.stamp)
         if self.cfg.trigger == "observation":
             if self.active:
                 self._step(obs)
@@ -202,6 +237,9 @@ class FlashrtNode(LifecycleNode):
                 self.engine.set_goal(msg.data, session=self.live)
             except ValueError as e:
                 self._refuse(f"goal: {e}")
+                return
+            except Exception as e:  # a device error is no bad goal: the fault path
+                self.control.fault("goal", e)
                 return
         self._goal_echo.publish(Float64MultiArray(data=list(msg.data)))
         self.get_logger().info(f"goal applied: {np.round(msg.data, 3).tolist()}")
@@ -228,8 +266,9 @@ class FlashrtNode(LifecycleNode):
         the engine lock is taken, so a request that held the lock cannot make us step on
         stale data. With `publish_at` the outputs wait (spinning) for that monotonic time."""
         t0 = time.monotonic()
-        with self.engine_lock:
-            eng = self.engine
+        ctl = self.control
+        with ctl.lock:
+            eng = ctl.engine
             if eng is None:
                 return
             if received is not None and (
@@ -237,20 +276,26 @@ class FlashrtNode(LifecycleNode):
             ):
                 self._stale()
                 return  # stale: no step, no command; the robot holds
+            live = ctl.live
+            if eng.poisoned(live):
+                return  # nothing for a poisoned session; /diagnostics reports it each second
             try:
                 if self._pub_traj is not None:
-                    action, chunk = eng.step_with_chunk(obs, session=self.live)
+                    action, chunk = eng.step_with_chunk(obs, session=live)
                 else:
-                    action, chunk = eng.step(obs, session=self.live), None
+                    action, chunk = eng.step(obs, session=live), None
             except ValueError as e:
                 self._refuse(str(e))
+                self._forget(obs)
                 return
-            except Exception as e:  # a failing step must not kill the loop: report it
-                with self.stats.lock:
-                    self.stats.step_errors += 1
-                    self.stats.last_error = f"{type(e).__name__}: {e}"
-                self.get_logger().error(f"step failed: {e}", throttle_duration_sec=2.0)
+            except Exception as e:  # StepFault (the session is poisoned now), a device error
+                ctl.fault(f"step of {live!r}", e, step_error=True)
+                self.flight.on_step_error(eng, live)
                 return
+            self.flight.tick(eng, live)
+        if not np.isfinite(action).all() or (chunk is not None and not np.isfinite(chunk).all()):
+            ctl.fault(f"step of {live!r}: non-finite output, not published", step_error=True)
+            return  # the engine raises first; this check makes sure of it at the publisher
         dt = time.monotonic() - t0
         if publish_at is not None:  # sleep (the GIL free for the executor), spin the last bit
             early = publish_at - SPIN_S - time.monotonic()
@@ -270,13 +315,16 @@ class FlashrtNode(LifecycleNode):
             self.stats.step_us.add(dt * 1e6)
             self.stats.tick_times.add(t0)
 
+    def _forget(self, obs: np.ndarray | None) -> None:
+        """A refused observation is not stepped on again at the next tick."""
+        with self._obs_lock:
+            if self._latest_obs is obs:
+                self._latest_obs = None
+
     def _on_tick_error(self, e: Exception) -> None:
         if not self.context.ok():  # shutting down (Ctrl-C): the loop is about to stop
             return
-        with self.stats.lock:
-            self.stats.step_errors += 1
-            self.stats.last_error = f"{type(e).__name__}: {e}"
-        self.get_logger().error(f"control tick failed: {e}", throttle_duration_sec=2.0)
+        self.control.fault("control tick", e, step_error=True)
 
     def _on_timing(self, jitter: float, missed: int) -> None:
         with self.stats.lock:
@@ -306,23 +354,42 @@ class FlashrtNode(LifecycleNode):
                 "service_p99_us": f"{st.service_us.pct(99):.1f}",
                 "step_errors": str(st.step_errors),
                 "last_error": st.last_error,
+                "faults": str(st.faults),
+                "last_fault": st.last_fault,
             }
-        level, message = DiagnosticStatus.OK, "stepping"
-        with self.engine_lock:
-            eng = self.engine
+            new_faults, st.faults_reported = st.faults - st.faults_reported, st.faults
+        ctl, poisoned, live = self.control, {}, ""
+        with ctl.lock:
+            eng = ctl.engine
             if eng is not None:
-                kv["live_session"] = self.live
-                kv["sessions"] = ",".join(s for s in eng.sessions() if s != SCRATCH)
-                kv["capsules"] = str(len(eng.pool.caps))
-                kv["pool_bytes_used"] = str(eng.pool.bytes_used())
-                kv["pool_bytes_total"] = str(eng.pool.bytes_total())
+                live, sessions = ctl.live, eng.sessions()
+                poisoned = {s: why for s in sessions if (why := eng.poisoned(s))}
+                kv["live_session"] = live
+                kv["sessions"] = ",".join(sessions)
+                kv["capsules"] = str(len(eng.capsules()))
+                kv["pool_bytes_used"], kv["pool_bytes_total"] = map(str, pool_bytes(eng))
                 kv["device"] = str(eng.device)
-        if st.step_errors:
-            level, message = DiagnosticStatus.ERROR, f"step errors: {kv['last_error']}"
+                kv.update(self.flight.diagnostics(eng, live))
+        shown = live if live in poisoned else next(iter(poisoned), "")
+        kv["poisoned_session"] = shown
+        kv["poisoned_reason"] = poisoned.get(shown, "")
+        kv["poisoned_sessions"] = ",".join(poisoned)
+        level, message = DiagnosticStatus.OK, "stepping"
+        if live in poisoned:
+            level = DiagnosticStatus.ERROR
+            message = (
+                f"session {live!r} is poisoned ({poisoned[live]}): nothing is published; "
+                "recover with ~/reset_session, ~/restore or ~/branch"
+            )
+            self.get_logger().error(message)
+        elif new_faults:
+            level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
         elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
             level, message = DiagnosticStatus.WARN, "stale: no fresh joint_states, holding"
+        elif poisoned:
+            level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         status = DiagnosticStatus(
             level=level,
             name=f"{self.get_fully_qualified_name()}: control loop",

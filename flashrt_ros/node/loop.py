@@ -1,10 +1,14 @@
-"""The timer-trigger control loop: a dedicated thread with absolute deadlines (no drift)."""
+"""The timer-trigger control loop (a dedicated thread with absolute deadlines, no drift) and the
+engine lock that lets it go first."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from flashrt_ros.errors import CapacityError
 
 # The last 200 us before a deadline are busy-waited: sleep() alone overshoots by ~60-100 us.
 # The spin keeps the GIL (no sleep(0)): yielding it lets rclpy's executor thread take it, and
@@ -12,14 +16,110 @@ from collections.abc import Callable
 SPIN_S = 0.0002
 
 
+class EngineLock:
+    """The lock every Engine call holds, with the control loop first.
+
+    `with lock:` is the foreground: control ticks and short service requests. `background(cost)`
+    is for long work done in steps (rollouts): each step waits until no foreground caller is
+    waiting and the next timer tick is not due within `cost` seconds, so the loop keeps its rate
+    whatever a rollout asks. (A plain Lock is not enough: a thread that releases and re-acquires
+    it at once usually wins, and the tick would wait for the whole rollout.) When no such room
+    comes for a few periods (a slow or busy machine), a step may delay the next tick, but only
+    so far that the tick still ends before the deadline after it: late, never lost.
+    """
+
+    MARGIN_S = 0.0003  # besides the step's cost: the loop's wake-up and spin before a deadline
+    PATIENCE = 3  # periods without room before a step may delay (never skip) a tick
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0  # foreground callers waiting for the lock
+        self._gen = 0  # bumped at each foreground release and each new deadline
+        self.next_tick: float | None = None  # the timer loop's next deadline (None: no loop)
+        self.period = 0.0
+        self.tick_s = 0.0  # how long a tick takes (a running mean, from the loop)
+
+    def __enter__(self) -> EngineLock:
+        with self._cond:
+            self._waiting += 1
+        self._lock.acquire()
+        with self._cond:
+            self._waiting -= 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+        self._bump()
+
+    def _bump(self) -> None:
+        with self._cond:
+            self._gen += 1
+            self._cond.notify_all()
+
+    def schedule(self, next_tick: float | None, period: float = 0.0, tick_s: float = 0.0) -> None:
+        """The timer loop's next deadline (None: the loop stopped) and its ticks' duration."""
+        self.next_tick, self.period, self.tick_s = next_tick, period, tick_s
+        self._bump()
+
+    def _may_go(self, cost: float, since: float) -> bool:
+        if self._waiting:
+            return False
+        nt = self.next_tick
+        if nt is None:
+            return True
+        now = time.monotonic()
+        if nt - now > cost + self.MARGIN_S:  # done before the next tick is due
+            return True
+        # no room for a while: the next tick may start late if it still ends in its period
+        patient = now - since > self.PATIENCE * self.period
+        return patient and now + cost + self.tick_s + self.MARGIN_S < nt + self.period
+
+    @contextlib.contextmanager
+    def background(self, cost: float, give_up_s: float = 10.0) -> Iterator[None]:
+        """Hold the lock for one step of background work that takes about `cost` seconds.
+        CapacityError when no such room came for `give_up_s`: the loop never waits for it."""
+        since = time.monotonic()
+        give_up = since + give_up_s
+        while True:
+            with self._cond:
+                if not self._may_go(cost, since):
+                    if time.monotonic() > give_up:
+                        raise CapacityError(
+                            f"no room for a {cost * 1e3:.1f} ms step between control ticks for "
+                            f"{give_up_s:g} s: lower rate_hz, or deactivate the node first"
+                        )
+                    gen, nt = self._gen, self.next_tick
+                    wait = 0.05 if nt is None else max(nt - time.monotonic(), 0.0) + self.period
+                    self._cond.wait_for(lambda g=gen: self._gen != g, timeout=wait)
+                    continue
+            self._lock.acquire()
+            with self._cond:
+                if self._may_go(cost, since):  # still: nobody came while we acquired
+                    break
+            self._lock.release()  # a tick or a request came just now: it goes first
+            self._bump()
+        try:
+            yield
+        finally:
+            self._lock.release()
+            self._bump()
+
+
 class TimerLoop:
     """Calls `tick()` at `rate_hz`. Deadlines are absolute (start + k * period), so a late tick
     does not shift later ones; ticks missed entirely are counted as overruns and skipped."""
 
     def __init__(
-        self, rate_hz: float, tick: Callable[[float], None], on_timing: Callable, on_error: Callable
+        self,
+        rate_hz: float,
+        tick: Callable[[float], None],
+        on_timing: Callable,
+        on_error: Callable,
+        lock: EngineLock | None = None,
     ):
         self.period = 1.0 / rate_hz
+        self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
         self.on_timing = on_timing  # (jitter_s, overruns) after each tick
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
@@ -36,6 +136,8 @@ class TimerLoop:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
+        if self.lock is not None:
+            self.lock.schedule(None)
 
     @property
     def running(self) -> bool:
@@ -43,6 +145,9 @@ class TimerLoop:
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.period
+        lock, tick_s = self.lock, 0.0
+        if lock is not None:
+            lock.schedule(deadline, self.period)
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining > SPIN_S:
@@ -50,7 +155,8 @@ class TimerLoop:
                     break
             while time.monotonic() < deadline:
                 pass
-            jitter = time.monotonic() - deadline
+            start = time.monotonic()
+            jitter = start - deadline
             try:
                 self.tick(deadline)
             except Exception as e:
@@ -58,7 +164,10 @@ class TimerLoop:
             deadline += self.period
             missed = 0
             now = time.monotonic()
+            tick_s = now - start if not tick_s else 0.9 * tick_s + 0.1 * (now - start)
             if now > deadline:  # the tick overran the next deadline: skip what is lost
                 missed = int((now - deadline) / self.period) + 1
                 deadline += missed * self.period
+            if lock is not None:
+                lock.schedule(deadline, self.period, tick_s)
             self.on_timing(jitter, missed)

@@ -295,6 +295,14 @@ class ParamTable:
             lines.append(f"      accepts {p.accepts()}")
         return "\n".join(lines)
 
+    def markdown_table(self) -> str:
+        """The README's parameter table, generated so it never drifts from the declaration."""
+        rows = ["| name | default | accepts | live | meaning |", "|---|---|---|---|---|"]
+        for p in self:
+            cells = (f"`{p.name}`", p.yaml_value(), p.accepts(), "yes" if p.live else "no", p.help)
+            rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        return "\n".join(rows) + "\n"
+
     def yaml_text(self, header: str) -> str:
         """A params file with every default, each under its help (config/flashrt.yaml)."""
         out = [f"# {line}".rstrip() for line in header.splitlines()]
@@ -735,5 +743,7 @@ def read(node) -> NodeConfig:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--yaml"]:
         sys.stdout.write(NODE_PARAMS.yaml_text(YAML_HEADER))
+    elif sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(NODE_PARAMS.markdown_table())
     else:
         sys.stdout.write(NODE_PARAMS.help_text() + "\n")

@@ -1,36 +1,75 @@
-"""The capsule services. Each handler takes the engine lock, so it lands between two steps;
-a failure answers success=false with a message that says what to do, and changes nothing."""
+"""The capsule services, and `Control`: the part of the node they may touch.
+
+Each request takes the engine lock, so it lands between two steps. A bad request (BadRequest,
+a ValueError) or a reached bound (CapacityError) answers success=false with a message that says
+what to do, and changes nothing. Anything else (a non-finite action, a CUDA error, out of
+memory) is a fault: success=false too, and it is counted, logged at ERROR and shown in
+/diagnostics. A rollout runs its steps on a worker thread that yields to the control loop
+(loop.EngineLock.background) while the executor awaits it, free for other requests.
+"""
 
 from __future__ import annotations
 
+import array
+import collections
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
+from rclpy.task import Future
 
-from flashrt_ros.capsules.names import check_session_name
+from flashrt_ros.errors import BadName, BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.node.loop import EngineLock
+from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.srv import (
     Branch,
     Checkpoint,
     DropCapsule,
     DropSession,
     ListCapsules,
+    ResetSession,
     Restore,
     Rollout,
 )
 
-# a rollout holds the single executor thread: in observation mode no joint_states are handled
-# meanwhile, so it is bounded (10,000 steps: ~1 s on CUDA, ~15 s on a CPU)
-MAX_ROLLOUT_STEPS = 10_000
-SCRATCH = "_rollout"  # the session Rollout forks into; hidden from users
+FIRST_STEP_COST_S = 0.002  # a rollout step's cost before one is measured (CPU: ~1.5 ms)
+
+
+class Control:
+    """What the services (and diagnostics) work with: the engine lock, the engine, the live
+    session's name, the loop's stats, the config and the fault path; never the node itself."""
+
+    def __init__(self, stats: LoopStats, logger, config: Callable[[], object]):
+        self.lock = EngineLock()
+        self.engine = None  # the Engine while configured
+        self.live = "main"  # the session whose actions reach the robot
+        self.stats = stats
+        self.log = logger
+        self._config = config
+
+    @property
+    def cfg(self):
+        """The node's current NodeConfig (replaced, not mutated, on a parameter change)."""
+        return self._config()
+
+    def fault(self, where: str, e: BaseException | None = None, step_error: bool = False) -> str:
+        """Count and log a fault; returns its text. Not a bad request: the operator must look."""
+        text = where if e is None else f"{where}: {type(e).__name__}: {e}"
+        self.stats.add_fault(text, step_error)
+        if step_error:  # from the control loop: at most one line per 2 s
+            self.log.error(f"fault: {text}", throttle_duration_sec=2.0)
+        else:
+            self.log.error(f"fault: {text}")
+        return text
 
 
 class CapsuleServices:
-    def __init__(self, node, group):
-        self.node = node
-        self._rollout_lock = threading.Lock()
+    def __init__(self, ctl: Control, node, group):
+        """`node` is only used here, to create the services; the handlers see `ctl`."""
+        self.ctl = ctl
         # Logs of served requests are written by a thread of their own, after the reply: a log
         # line also publishes on /rosout and must not add to round trips. (A periodic flush on
         # the executor would wake it, and take the GIL from the control thread, ten times a
@@ -38,6 +77,14 @@ class CapsuleServices:
         self._pending: queue.SimpleQueue[tuple[bool, str] | None] = queue.SimpleQueue()
         self._logger = threading.Thread(target=self._log_forever, name="flashrt-log", daemon=True)
         self._logger.start()
+        # Rollouts run one at a time on their own thread; the guard wakes the executor when one
+        # is done, so it resumes the awaiting service callback.
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = threading.Thread(
+            target=self._work_forever, name="flashrt-rollout", daemon=True
+        )
+        self._worker.start()
+        self._wake = node.create_guard_condition(lambda: None, callback_group=group)
         for srv, name, fn in (
             (Checkpoint, "~/checkpoint", self.checkpoint),
             (Restore, "~/restore", self.restore),
@@ -45,67 +92,60 @@ class CapsuleServices:
             (ListCapsules, "~/list_capsules", self.list_capsules),
             (DropCapsule, "~/drop_capsule", self.drop_capsule),
             (DropSession, "~/drop_session", self.drop_session),
-            (Rollout, "~/rollout", self.rollout),
+            (ResetSession, "~/reset_session", self.reset_session),
         ):
             node.create_service(srv, name, self._guarded(fn), callback_group=group)
+        node.create_service(Rollout, "~/rollout", self.rollout, callback_group=group)
+
+    def _answer(self, what: str, resp, e: Exception):
+        """success=false for what went wrong: a bad request/bound, or a fault."""
+        if isinstance(e, ValueError | CapacityError):  # BadRequest is a ValueError
+            message = f"{what} failed: {e}"
+            self._pending.put((True, message))
+        else:
+            message = f"{what} failed: fault ({self.ctl.fault(f'{what} request', e)})"
+        if hasattr(resp, "success"):  # list_capsules has no status fields: an empty reply
+            resp.success, resp.message = False, message
+        return resp
 
     def _guarded(self, fn):
-        """Last resort: an unexpected exception answers success=false instead of killing the
-        node's only executor thread."""
+        """Every exception becomes a success=false reply, never a dead executor thread."""
 
         def handler(req, resp):
             t0 = time.perf_counter()
             try:
                 return fn(req, resp)
             except Exception as e:
-                self.node.get_logger().error(f"{fn.__name__}: unexpected {type(e).__name__}: {e}")
-                if hasattr(resp, "success"):
-                    resp.success = False
-                    resp.message = f"{fn.__name__} failed unexpectedly: {type(e).__name__}: {e}"
-                return resp
+                return self._answer(fn.__name__, resp, e)
             finally:
-                st = self.node.stats
-                with st.lock:
-                    st.service_us.add((time.perf_counter() - t0) * 1e6)
+                self._timed(t0)
 
         return handler
 
-    def _target_session(self, eng, name: str) -> None:
-        """A session a request may create or overwrite: valid, not reserved, within the limit."""
-        check_session_name(name)
-        if name == SCRATCH:
-            raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
-        existing = [s for s in eng.sessions() if s != SCRATCH]
-        if name not in existing and len(existing) >= self.node.cfg.max_sessions:
-            raise RuntimeError(
-                f"max_sessions={self.node.cfg.max_sessions} reached; "
-                "use an existing session, drop one, or raise max_sessions"
-            )
+    def _timed(self, t0: float) -> None:
+        st = self.ctl.stats
+        with st.lock:
+            st.service_us.add((time.perf_counter() - t0) * 1e6)
 
     def _engine(self):
-        eng = self.node.engine
+        eng = self.ctl.engine
         if eng is None:
-            raise ValueError("node is not configured: configure it (lifecycle) first")
+            raise BadRequest("node is not configured: configure it (lifecycle) first")
         return eng
 
     def _session(self, eng, name: str) -> str:
-        s = name or self.node.live
-        if s == SCRATCH:
-            raise ValueError(f"session {SCRATCH!r} is reserved for rollouts")
+        """An existing user session ("" = the live one)."""
+        s = name or self.ctl.live
+        if s.startswith("_"):
+            raise BadName(f"session {s!r} is reserved (internal)")
         eng.session(s)
         return s
-
-    def _fail(self, resp, what: str, e: Exception):
-        resp.success = False
-        resp.message = f"{what} failed: {e}"
-        self._pending.put((True, resp.message))
-        return resp
 
     def _said(self, text: str) -> None:
         self._pending.put((False, text))
 
     def _log_forever(self) -> None:
-        log = self.node.get_logger()
+        log = self.ctl.log
         while (item := self._pending.get()) is not None:
             warn, text = item
             if warn:  # rclpy ties a severity to each call site: two calls, not one
@@ -114,53 +154,44 @@ class CapsuleServices:
                 log.info(text)
 
     def close(self) -> None:
-        """Write what is queued and end the log thread."""
+        """Write what is queued and end the log and rollout threads."""
         self._pending.put(None)
+        self._jobs.put(None)
         self._logger.join(timeout=2.0)
 
     # -- handlers ----------------------------------------------------------------------------------
     def checkpoint(self, req, resp):
-        with self.node.engine_lock:
-            try:
-                eng = self._engine()
-                session = self._session(eng, req.session)
-                info = eng.checkpoint(
-                    session, name=req.name or None, pin=req.pin, persist=req.persist
-                )
-            except (ValueError, RuntimeError) as e:
-                return self._fail(resp, "checkpoint", e)
+        with self.ctl.lock:
+            eng = self._engine()
+            session = self._session(eng, req.session)
+            info = eng.checkpoint(session, name=req.name or None, pin=req.pin, persist=req.persist)
         resp.success, resp.capsule = True, capsule_msg(info)
         resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
         self._said(f"checkpoint: {resp.message}")
         return resp
 
     def restore(self, req, resp):
-        with self.node.engine_lock:
-            try:
-                eng = self._engine()
-                session = self._session(eng, req.session)
-                info = eng.restore(req.capsule, session, verify=req.verify)
-                step = eng.session_step(session)
-            except (ValueError, RuntimeError) as e:
-                return self._fail(resp, "restore", e)
+        with self.ctl.lock:
+            eng = self._engine()
+            session = self._session(eng, req.session)
+            was = eng.poisoned(session)
+            info = eng.restore(req.capsule, session, verify=req.verify)
+            step = eng.session_step(session)
         resp.success, resp.capsule, resp.step = True, capsule_msg(info), step
-        resp.message = f"restored {info.id} into {session!r}: step {step}"
+        resp.message = f"restored {info.id} into {session!r}: step {step}" + (
+            f" (no longer poisoned: {was})" if was else ""
+        )
         self._said(f"restore: {resp.message}")
         return resp
 
     def branch(self, req, resp):
-
-        with self.node.engine_lock:
-            try:
-                eng = self._engine()
-                self._target_session(eng, req.session)
-                goal = list(req.goal) if len(req.goal) else None
-                info = eng.branch(req.capsule, req.session, goal=goal)
-                step = eng.session_step(req.session)
-                if req.activate:
-                    self.node.live = req.session
-            except (ValueError, RuntimeError) as e:
-                return self._fail(resp, "branch", e)
+        with self.ctl.lock:
+            eng = self._engine()
+            goal = list(req.goal) if len(req.goal) else None
+            info = eng.branch(req.capsule, req.session, goal=goal)
+            step = eng.session_step(req.session)
+            if req.activate:
+                self.ctl.live = req.session
         resp.success, resp.session, resp.step = True, req.session, step
         resp.message = f"session {req.session!r} forked from {info.id} at step {step}" + (
             " and made live" if req.activate else ""
@@ -169,92 +200,162 @@ class CapsuleServices:
         return resp
 
     def list_capsules(self, req, resp):
-        with self.node.engine_lock:
-            eng = self.node.engine
+        with self.ctl.lock:
+            eng = self.ctl.engine
             if eng is None:
                 return resp
             resp.capsules = [capsule_msg(i) for i in eng.capsules()]
-            resp.sessions = [s for s in eng.sessions() if s != SCRATCH]
-            resp.live_session = self.node.live
-            resp.pool_bytes_used = eng.pool.bytes_used()
-            resp.pool_bytes_total = eng.pool.bytes_total()
+            resp.sessions = eng.sessions()
+            resp.live_session = self.ctl.live
+            resp.pool_bytes_used, resp.pool_bytes_total = pool_bytes(eng)
         return resp
 
     def drop_capsule(self, req, resp):
-        with self.node.engine_lock:
-            try:
-                info = self._engine().drop(req.capsule)
-            except ValueError as e:
-                return self._fail(resp, "drop", e)
+        with self.ctl.lock:
+            info = self._engine().drop(req.capsule)
         resp.success, resp.message = True, f"dropped {info.id}"
         self._said(f"drop: {resp.message}")
         return resp
 
     def drop_session(self, req, resp):
-        with self.node.engine_lock:
-            try:
-                eng = self._engine()
-                if not req.session:
-                    raise ValueError("name a session to drop")
-                self._session(eng, req.session)
-                if req.session == self.node.live:
-                    raise ValueError(f"{req.session!r} is the live session; activate another first")
-                eng.drop_session(req.session)
-            except ValueError as e:
-                return self._fail(resp, "drop_session", e)
+        with self.ctl.lock:
+            eng = self._engine()
+            if not req.session:
+                raise BadRequest("name a session to drop")
+            self._session(eng, req.session)
+            if req.session == self.ctl.live:
+                raise BadRequest(f"{req.session!r} is the live session; activate another first")
+            eng.drop_session(req.session)
         resp.success, resp.message = True, f"dropped session {req.session!r}"
         self._said(f"drop_session: {resp.message}")
         return resp
 
-    def rollout(self, req, resp):
-        """Step a session, or a scratch fork, on given observations; the robot sees nothing.
-
-        Each step takes the engine lock on its own, so a long rollout interleaves with the
-        live control loop instead of stalling it.
-        """
-        with self._rollout_lock:
-            try:
-                eng = self._engine()
-                n, width = int(req.n_steps), eng.obs_dim
-                if not 0 < n <= MAX_ROLLOUT_STEPS:
-                    raise ValueError(f"n_steps={n}: must be within 1 .. {MAX_ROLLOUT_STEPS}")
-                if len(req.observations) != n * width:
-                    raise ValueError(
-                        f"{len(req.observations)} observation values; n_steps={n} rows of "
-                        f"obs_dim={width} need {n * width}"
-                    )
-                # every row checked (size, NaN/Inf, float32 range) before any state moves
-                rows = eng.check_observations(
-                    np.asarray(req.observations, dtype=np.float64).reshape(n, width)
-                )
-                with self.node.engine_lock:
-                    target = self._prepare_rollout(eng, req, SCRATCH)
-                actions = np.empty((n, eng.action_dim))
-                for i in range(n):
-                    with self.node.engine_lock:
-                        if self.node.engine is not eng:
-                            raise RuntimeError("node was cleaned up during the rollout")
-                        actions[i] = eng.step(rows[i], session=target)
-            except (ValueError, RuntimeError) as e:
-                return self._fail(resp, "rollout", e)
-        resp.success, resp.actions, resp.action_dim = True, actions.ravel().tolist(), eng.action_dim
-        resp.message = f"{n} steps on {'scratch fork' if target == SCRATCH else repr(target)}"
+    def reset_session(self, req, resp):
+        """Back to the initial state: how a poisoned session is recovered without a capsule."""
+        with self.ctl.lock:
+            eng = self._engine()
+            session = self._session(eng, req.session)
+            was = eng.poisoned(session)
+            eng.reset(session)
+            step = eng.session_step(session)
+        resp.success, resp.step = True, step
+        resp.message = f"session {session!r} reset to its initial state (step {step})" + (
+            f"; it was poisoned: {was}" if was else ""
+        )
+        self._said(f"reset_session: {resp.message}")
         return resp
 
-    def _prepare_rollout(self, eng, req, scratch: str) -> str:
+    # -- rollout -----------------------------------------------------------------------------------
+    async def rollout(self, req, resp):
+        """Step a session, or a scratch fork, on given observations; the robot sees nothing.
+
+        Sizes are checked here, before anything of ours is allocated; the rows and the steps
+        run on the rollout thread, each step yielding to the control loop, while the executor
+        is free (joint_states in observation mode, other requests)."""
+        t0 = time.perf_counter()
+        try:
+            eng = self._engine()
+            n = self._check_sizes(eng, req)
+            done: Future = Future()
+            self._jobs.put((eng, req, n, done))
+            actions = await done
+            if not np.isfinite(actions).all():  # the engine raises first; never reply NaN
+                raise RuntimeError("non-finite action in the rollout")
+        except Exception as e:
+            return self._answer("rollout", resp, e)
+        finally:
+            self._timed(t0)
+        resp.success, resp.action_dim = True, eng.action_dim
+        resp.actions = array.array("d", actions.tobytes())
+        resp.message = f"{n} steps on " + (
+            "a scratch fork" if not req.commit else f"{req.session!r} (committed)"
+        )
+        return resp
+
+    def _check_sizes(self, eng, req) -> int:
+        limit, width = int(self.ctl.cfg.max_rollout_steps), eng.obs_dim
+        n, got = int(req.n_steps), len(req.observations)
+        if not 0 < n <= limit:
+            raise BadRequest(
+                f"n_steps={n}: must be within 1 .. max_rollout_steps={limit}; split the "
+                "rollout, or raise the parameter"
+            )
+        if got > limit * width:
+            raise BadRequest(
+                f"{got} observation values: more than max_rollout_steps={limit} rows of "
+                f"obs_dim={width}"
+            )
+        if got != n * width:
+            raise BadRequest(
+                f"{got} observation values; n_steps={n} rows of obs_dim={width} need {n * width}"
+            )
+        return n
+
+    def _work_forever(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            eng, req, n, done = job
+            try:
+                done.set_result(self._run_rollout(eng, req, n))
+            except Exception as e:
+                done.set_exception(e)
+            try:
+                self._wake.trigger()
+            except Exception:  # the node is being destroyed: nobody awaits the reply
+                return
+
+    def _run_rollout(self, eng, req, n: int) -> np.ndarray:
+        ctl = self.ctl
+        obs = req.observations
+        flat = np.frombuffer(obs, np.float64) if isinstance(obs, array.array) else obs
+        # every row checked (size, NaN/Inf, obs_limit, float32) before any state moves
+        rows = eng.check_observations(np.asarray(flat, np.float64).reshape(n, eng.obs_dim))
+        with ctl.lock:
+            self._same_engine(eng)
+            target = self._prepare_rollout(eng, req)
+        recent = collections.deque([FIRST_STEP_COST_S], maxlen=15)
+        cost = FIRST_STEP_COST_S
+        actions = np.empty((n, eng.action_dim))
+        for i in range(n):
+            with ctl.lock.background(cost):
+                self._same_engine(eng)
+                if target == ctl.live:
+                    raise BadRequest(f"{target!r} was made live during the rollout; stopped")
+                t = time.perf_counter()
+                actions[i] = eng.step(rows[i], session=target)
+                dt = time.perf_counter() - t
+            recent.append(dt)
+            cost = float(np.median(recent))  # a step preempted by the OS is not the new cost
+        return actions
+
+    def _same_engine(self, eng) -> None:
+        if self.ctl.engine is not eng:
+            raise BadRequest("the node was cleaned up during the rollout")
+
+    def _prepare_rollout(self, eng, req) -> str:
         if req.commit:
             if not req.session:
-                raise ValueError("commit needs a named session (never the live one)")
-            target = self._session(eng, req.session) if not req.capsule else req.session
-            if target == self.node.live:
-                raise ValueError(f"commit into the live session {target!r} is not allowed")
+                raise BadRequest("commit needs a named session (never the live one)")
+            if req.session == self.ctl.live:
+                raise BadRequest(f"commit into the live session {req.session!r} is not allowed")
             if req.capsule:
-                self._target_session(eng, target)
-                eng.branch(req.capsule, target)
-            return target
+                eng.branch(req.capsule, req.session)
+                return req.session
+            return self._healthy(eng, self._session(eng, req.session))
         if req.capsule:
-            eng.branch(req.capsule, scratch)
-        else:
-            src = self._session(eng, req.session)
-            eng.copy_session(src, scratch)
-        return scratch
+            return eng.fork_scratch(capsule=req.capsule)
+        return eng.fork_scratch(session=self._healthy(eng, self._session(eng, req.session)))
+
+    def _healthy(self, eng, session: str) -> str:
+        """A poisoned session is no state to roll out from: the request is refused (no fault)."""
+        why = eng.poisoned(session)
+        if why:
+            raise BadRequest(
+                f"session {session!r} is poisoned ({why}); recover it with ~/reset_session, "
+                "~/restore or ~/branch first, or roll out from a capsule"
+            )
+        return session
+
+
+def pool_bytes(eng) -> tuple[int, int]:
+    """(used, total) bytes of the capsule pool."""
+    return eng.pool.bytes_used(), eng.pool.bytes_total()

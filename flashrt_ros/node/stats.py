@@ -37,10 +37,21 @@ class LoopStats:
         self.stale_ticks = 0
         self.stale_s = 0.0
         self.last_refusal = ""
-        self.step_errors = 0
+        self.step_errors = 0  # control ticks whose step raised (a fault, or an unexpected error)
         self.last_error = ""
+        self.faults = 0  # every fault: a non-finite action, a device error, a failing request
+        self.last_fault = ""
+        self.faults_reported = 0  # faults already shown by a /diagnostics message
         self.tick_times = Ring(8192)  # monotonic times of recent steps
         self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
+
+    def add_fault(self, text: str, step_error: bool = False) -> None:
+        with self.lock:
+            self.faults += 1
+            self.last_fault = text
+            if step_error:
+                self.step_errors += 1
+                self.last_error = text
 
     def rate(self, now: float, window: float = 2.0) -> float:
         with self.lock:

@@ -1,0 +1,38 @@
+"""A test policy (`test.nan_policy:nan_above`): the builtin hybrid policy, except that its action
+turns NaN when any observation value exceeds `threshold` (set below the node's obs_limit, so the
+observation passes every input check and the fault comes from the step itself, as a diverging
+policy or a device fault would)."""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_ros.policies.base import Policy
+from flashrt_ros.policies.loader import load_policy
+
+THRESHOLD = 500.0
+
+
+class NanAbove(Policy):
+    def __init__(self, inner: Policy, threshold: float):
+        super().__init__()
+        self.inner = inner
+        self.threshold = float(threshold)
+        self.policy_id = f"test:nan_above/{inner.policy_id}"
+        self.obs_dim, self.action_dim = inner.obs_dim, inner.action_dim
+        self.goal_dim, self.chunk_len = inner.goal_dim, inner.chunk_len
+
+    def state_spec(self):
+        return self.inner.state_spec()
+
+    def init_state(self, state, seed: int) -> None:
+        self.inner.init_state(state, seed)
+
+    def step(self, obs, state, action, chunk) -> None:
+        self.inner.step(obs, state, action, chunk)
+        big = (obs.abs() > self.threshold).any(dim=-1, keepdim=True)  # no host sync: capturable
+        action.copy_(torch.where(big, torch.full_like(action, float("nan")), action))
+
+
+def nan_above(threshold: float = THRESHOLD) -> Policy:
+    return NanAbove(load_policy("builtin:hybrid"), threshold).eval()

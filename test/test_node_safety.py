@@ -1,0 +1,254 @@
+"""What keeps the robot safe, over real DDS on loopback (CPU): no non-finite command is ever
+published, a faulting step poisons the session until a reset/restore, bad inputs are refused
+before they reach a step, and a long rollout cannot starve the timer loop.
+
+The policy is test.nan_policy:nan_above: the builtin policy, whose action turns NaN when an
+observation value exceeds 500 (below the default obs_limit of 1000, so the input checks pass).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticStatus
+from sensor_msgs.msg import JointState
+from trajectory_msgs.msg import JointTrajectory
+
+from flashrt_ros import srv
+from test.engine_util import make_engine, observations
+from test.node_client import JOINTS, NodeClient
+from test.ros_helpers import REPO_ROOT
+
+POLICY = "test.nan_policy:nan_above"
+OBS = observations(200, seed=11)
+ERROR = int.from_bytes(DiagnosticStatus.ERROR, "little")
+RATE = 200.0  # the timer node's; a CPU step takes ~1.7 ms of each 5 ms period
+
+
+@contextlib.contextmanager
+def importable_tests():
+    """The node process imports the test policy from this repository."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def finite_rows(rows) -> bool:
+    return all(np.isfinite(r).all() for r in rows)
+
+
+def poisoning(obs) -> np.ndarray:
+    bad = np.array(obs, dtype=float)
+    bad[3] = 600.0  # beyond the policy's NaN threshold, within obs_limit
+    return bad
+
+
+@pytest.fixture(scope="module")
+def node(ros_module):
+    with importable_tests():
+        proc = ros_module.start_node(
+            {
+                "trigger": "observation",
+                "policy": POLICY,
+                "output": "both",
+                "max_rollout_steps": 200,
+            }
+        )
+    c = NodeClient(ros_module, proc)
+    c.trajs = []
+    ros_module.node.create_subscription(
+        JointTrajectory, proc.topic("joint_trajectory"), c.trajs.append, 100
+    )
+    return c
+
+
+@pytest.fixture()
+def fresh(node):
+    r = node.call("reset_session")
+    assert r.success and r.step == 0, r.message
+    return node
+
+
+def test_huge_values_and_duplicate_joint_names_are_refused_and_never_stepped(fresh):
+    before = int(fresh.latest_diag()["refused_inputs"])
+    n = len(fresh.commands)
+    huge = OBS[0].copy()
+    huge[2] = 1e30  # finite, but it would overflow the state for good
+    fresh.publish(huge)
+    d = fresh.wait_diag(lambda d: int(d["refused_inputs"]) >= before + 1)
+    assert "obs_limit" in d["last_refusal"], d
+    # joint3 twice: which value is meant is unknowable (it used to be the last one)
+    names = JOINTS + ["joint3"]
+    fresh._js.publish(
+        JointState(
+            name=names,
+            position=OBS[0][:6].tolist() + [9.0],
+            velocity=OBS[0][6:].tolist() + [0.0],
+        )
+    )
+    d = fresh.wait_diag(lambda d: int(d["refused_inputs"]) >= before + 2)
+    assert "joint3" in d["last_refusal"] and "more than once" in d["last_refusal"], d
+    assert len(fresh.commands) == n  # neither was stepped
+    eng = make_engine(policy=POLICY)
+    assert np.array_equal(fresh.run(OBS[:3]), np.array([eng.step(o) for o in OBS[:3]]))
+
+
+def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_restore(fresh):
+    eng = make_engine(policy=POLICY)
+    want = np.array([eng.step(o) for o in OBS[:15]])
+    assert np.array_equal(fresh.run(OBS[:10]), want[:10])
+    assert fresh.call("checkpoint", name="good").success
+    faults = int(fresh.latest_diag()["faults"])
+    n, nt = len(fresh.commands), len(fresh.trajs)
+    fresh.publish(poisoning(OBS[10]))  # the step runs and gives NaN
+    d = fresh.wait_diag(lambda d: d["_level"] == ERROR and d["poisoned_session"] == "main")
+    assert int(d["faults"]) == faults + 1 and "non-finite" in d["poisoned_reason"], d
+    assert "reset_session" in d["_message"], d
+    for o in OBS[10:13]:  # the session is poisoned: valid observations give nothing either
+        fresh.publish(o)
+    fresh.ros.spin_for(0.5)
+    assert len(fresh.commands) == n and len(fresh.trajs) == nt
+    assert fresh.ros.spin_until(lambda: "poisoned" in fresh.proc.log_tail(), 3)  # logged
+    r = fresh.call("rollout", observations=OBS[0].tolist(), n_steps=1)  # no state to fork
+    assert not r.success and "poisoned" in r.message and "fault" not in r.message, r.message
+
+    r = fresh.call("reset_session")  # recovery 1: back to the initial state
+    assert r.success and r.step == 0 and "non-finite" in r.message, r.message
+    assert np.array_equal(fresh.run(OBS[:2]), want[:2])
+
+    fresh.publish(poisoning(OBS[2]))
+    fresh.wait_diag(lambda d: d["poisoned_session"] == "main")
+    r = fresh.call("restore", capsule="good")  # recovery 2: a capsule taken before
+    assert r.success and r.step == 10, r.message
+    assert np.array_equal(fresh.run(OBS[10:15]), want[10:15])
+    d = fresh.wait_diag(lambda d: d["_level"] != ERROR)
+    assert d["poisoned_session"] == "" and int(d["faults"]) == faults + 2, d
+    assert finite_rows(fresh.commands)
+    assert all(finite_rows(p.positions for p in t.points) for t in fresh.trajs)
+    fresh.call("drop_capsule", capsule="good")
+
+
+def test_rollout_faults_and_size_bounds_answer_cleanly(fresh):
+    faults = int(fresh.latest_diag()["faults"])
+    rows = OBS[:6].copy()
+    rows[4] = poisoning(rows[4])
+    r = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=6)
+    assert not r.success and "fault" in r.message and len(r.actions) == 0, r.message
+    fresh.wait_diag(lambda d: int(d["faults"]) == faults + 1)
+    # the scratch fork faulted, not the live session
+    eng = make_engine(policy=POLICY)
+    assert np.array_equal(fresh.run(OBS[:2]), np.array([eng.step(o) for o in OBS[:2]]))
+    for fields in (
+        {"observations": [0.0] * 12 * 201, "n_steps": 201},
+        {"observations": [0.0] * 12 * 201, "n_steps": 5},  # far more values than rows
+    ):
+        r = fresh.call("rollout", **fields)
+        assert not r.success and "max_rollout_steps=200" in r.message, r.message
+
+
+@pytest.fixture(scope="module")
+def timer_node(ros_module):
+    with importable_tests():
+        proc = ros_module.start_node(
+            {
+                "trigger": "timer",
+                "rate_hz": RATE,
+                "policy": POLICY,
+                "output": "both",
+                "obs_timeout_s": 0.5,
+                "max_sessions": 2,
+            },
+            namespace="timer",  # its own topics, next to the other node
+        )
+    c = NodeClient(ros_module, proc)
+    c.trajs = []
+    ros_module.node.create_subscription(
+        JointTrajectory, proc.topic("joint_trajectory"), c.trajs.append, 100
+    )
+    return c
+
+
+@contextlib.contextmanager
+def feeding(c: NodeClient, hz: float = 100.0):
+    """Observations at `hz` from a thread; `box[0]` replaces the next one once."""
+    stop, box = threading.Event(), [None]
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            obs, box[0] = (box[0], None) if box[0] is not None else (OBS[i % len(OBS)], None)
+            c.publish(obs)
+            i += 1
+            time.sleep(1.0 / hz)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        yield box
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
+    c = timer_node
+    with feeding(c) as box:
+        assert c.ros.spin_until(lambda: len(c.commands) > 20, 10)
+        box[0] = poisoning(OBS[0])
+        d = c.wait_diag(lambda d: d["_level"] == ERROR and d["poisoned_session"] == "main")
+        assert "non-finite" in d["poisoned_reason"], d
+        c.ros.spin_for(0.2)  # what was in flight has arrived
+        n, nt = len(c.commands), len(c.trajs)
+        c.ros.spin_for(0.6)  # fresh observations keep coming: still nothing published
+        assert len(c.commands) == n and len(c.trajs) == nt
+        r = c.call("reset_session")
+        assert r.success, r.message
+        assert c.ros.spin_until(lambda: len(c.commands) > n + 20, 5)
+    assert finite_rows(c.commands)
+    assert all(finite_rows(p.positions for p in t.points) for t in c.trajs)
+
+
+def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_node):
+    """The loop keeps its rate during the rollout (it fell to 7-13 Hz when the rollout held the
+    lock and the executor), and a list_capsules request in the middle answers at once."""
+    c, ros = timer_node, timer_node.ros
+    steps = 1000  # ~1.7 ms each on this CPU: a few seconds between the control ticks
+    req = srv.Rollout.Request(observations=OBS[np.arange(steps) % len(OBS)].ravel().tolist())
+    req.n_steps = steps
+    client = ros.client(srv.Rollout, c.proc.service("rollout"))
+    assert client.wait_for_service(timeout_sec=10)
+    with feeding(c):
+        assert ros.spin_until(lambda: len(c.commands) > 50, 10)
+        n_base, t_base = len(c.commands), time.monotonic()
+        ros.spin_for(1.5)  # the rate this (shared, noisy) machine gives without a rollout
+        baseline = (len(c.commands) - n_base) / (time.monotonic() - t_base)
+        n0, t0 = len(c.commands), time.monotonic()
+        fut = client.call_async(req)
+        ros.spin_for(1.0)
+        t_list = time.monotonic()
+        listed = c.call("list_capsules")
+        t_list = time.monotonic() - t_list
+        assert t_list < 0.5, f"list_capsules waited {t_list:.2f} s for the rollout"
+        assert not fut.done(), "pick more steps: the rollout ended before the measurement"
+        assert ros.spin_until(fut.done, 60), "rollout did not finish"
+        t1 = time.monotonic()
+        ros.spin_for(0.3)  # the commands of the window still in flight
+        n1 = len(c.commands)
+    r = fut.result()
+    # the loop comes first: on a machine so loaded that no step fits between the ticks for 10 s,
+    # the rollout is refused (CapacityError) rather than the loop slowed down
+    assert (r.success and len(r.actions) == steps * 6) or "no room" in r.message, r.message
+    assert listed.live_session == "main"
+    rate = (n1 - n0) / (t1 - t0 + 0.3)
+    assert t1 - t0 > 1.0 and rate >= 0.8 * min(RATE, baseline), (rate, baseline, t1 - t0)

@@ -42,6 +42,18 @@ def test_params_file_has_every_default():
         assert isinstance(params[p.name], list if p.kind.endswith("_array") else p.pytype), p.name
 
 
+def test_readme_parameter_table_is_the_declaration():
+    """Users read the README: its table must be the one the node declares, not a copy."""
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    begin, end = "<!-- params:begin -->\n", "<!-- params:end -->"
+    table = readme[readme.index(begin) + len(begin) : readme.index(end)]
+    assert table == NODE_PARAMS.markdown_table(), (
+        "regenerate the README table: python -m flashrt_ros.node.params --markdown"
+    )
+
+
 def test_launch_file_declares_args_and_default_params():
     src = (REPO_ROOT / "launch" / "flashrt.launch.py").read_text()
     tree = ast.parse(src)

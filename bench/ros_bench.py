@@ -149,6 +149,7 @@ class Client:
         self.cmd_cb: list[int] = []  # monotonic ns in the callback
         self.cmd_rx: list[int] = []  # DDS received_timestamp (system clock ns), 0 if unset
         self.cmd_src: list[int] = []  # DDS source_timestamp (node's publish, system clock ns)
+        self.cmd_vals: list = []  # the commands' values (the camera scenario reads them)
         self.diag: list[tuple[float, dict]] = []
         self._subs = [
             n.create_subscription(reply_type, proc.topic(reply), self._on_cmd, 1000),
@@ -173,6 +174,8 @@ class Client:
         self.cmd_cb.append(time.monotonic_ns())
         self.cmd_rx.append(int(info.get("received_timestamp", 0) or 0))
         self.cmd_src.append(int(info.get("source_timestamp", 0) or 0))
+        if hasattr(msg, "data") and not hasattr(msg, "encoding"):
+            self.cmd_vals.append(msg.data)
 
     def _on_diag(self, msg) -> None:
         for st in msg.status:
@@ -548,6 +551,141 @@ def run_observation(ros, args, n: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# cameras: 2 x 640x480 rgb8 images -> the first command that used them
+CAMERA_PROBE = "bench.ros_bench:camera_probe_policy"
+
+
+def camera_probe_policy(height: int = 480, width: int = 640):
+    """A LeRobot-shaped policy over two rgb8 cameras (top, wrist) whose action tells which
+    images it stepped on: action = the 6 joint positions + (top[0, 0, R], wrist[0, 0, R]) in
+    [0, 1] on joints 1 and 2. It reads every pixel (the mean, times 0), so the node converts and
+    uploads both whole images as a real policy would; the network itself costs nothing, so
+    the figure is the node's camera path."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            feats = {
+                "observation.state": NS(type="STATE", shape=(12,)),
+                "observation.images.top": NS(type="VISUAL", shape=(3, height, width)),
+                "observation.images.wrist": NS(type="VISUAL", shape=(3, height, width)),
+            }
+            self.config = NS(
+                input_features=feats,
+                output_features={"action": NS(type="ACTION", shape=(6,))},
+                chunk_size=1,
+                n_action_steps=1,
+                n_obs_steps=1,
+                temporal_ensemble_coeff=None,
+            )
+
+        def predict_action_chunk(self, batch: dict) -> torch.Tensor:
+            top, wrist = batch["observation.images.top"], batch["observation.images.wrist"]
+            probe = torch.stack([top[:, 0, 0, 0], wrist[:, 0, 0, 0]], -1)
+            seen = 0.0 * (top.mean((1, 2, 3)) + wrist.mean((1, 2, 3)))[:, None]
+            a = batch["observation.state"][:, :6] + torch.nn.functional.pad(probe, (0, 4)) + seen
+            return a[:, None]
+
+    return Probe()
+
+
+def run_camera(ros, args, n: int, warm: int = 20) -> dict:
+    """Observation trigger with two 640x480 rgb8 cameras: per sample, publish a new image on
+    each camera, then a joint_states; the latency is from the first image's publish to the
+    command that stepped on both. With the probe policy the command says which images it used
+    (an image that arrived after its joint_states shows as an older value: one more
+    joint_states is sent until the command carries it, counted as `late`); with another policy
+    (--camera-policy) it is the first command after the joint_states."""
+    from sensor_msgs.msg import Image, JointState
+
+    probe = args.camera_policy == CAMERA_PROBE
+    old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
+    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
+    try:
+        params = node_params(
+            args, trigger="observation", cameras=["top", "wrist"], policy=args.camera_policy
+        )
+        proc, startup = start_node(ros, params, args.startup_timeout)
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+    cl = Client(ros, proc)
+    pubs = [
+        ros.node.create_publisher(Image, proc.topic(f"camera/{c}/image_raw"), 10)
+        for c in ("top", "wrist")
+    ]
+    js = JointState(name=list(JOINTS), position=[0.0] * 6, velocity=[0.0] * 6)
+    size = 480 * 640 * 3
+    lat_cb, lat_rx, late = [], [], 0
+    try:
+        for p in pubs:
+            cl.wait_subscribed(pub=p)
+        cl.wait_subscribed()
+        for k in range(n + warm):
+            v = 1 + k % 250
+            msgs = []
+            for i in range(2):
+                m = Image(height=480, width=640, encoding="rgb8", step=640 * 3)
+                m.data = bytes([v + i]) * size
+                msgs.append(m)
+            m0 = len(cl.cmd_cb)
+            t_wall, t_mono = time.time_ns(), time.monotonic_ns()
+            for p, m in zip(pubs, msgs, strict=True):
+                p.publish(m)
+            for _ in range(50):
+                got = len(cl.cmd_cb)
+                cl._js.publish(js)
+                if not cl.spin_until(lambda g=got: len(cl.cmd_cb) > g, 1.0 if k < warm else 10.0):
+                    if k < warm:
+                        break
+                    raise RuntimeError(f"no command for camera sample {k}\n{proc.log_tail()}")
+                a = cl.cmd_vals[-1]
+                if not probe or (round(a[0] * 255) == v and round(a[1] * 255) == v + 1):
+                    break
+                late += k >= warm
+            else:
+                raise RuntimeError(f"camera sample {k}: the node never stepped on its images")
+            if k >= warm and len(cl.cmd_cb) > m0:
+                lat_cb.append((cl.cmd_cb[-1] - t_mono) * 1e-3)
+                if cl.cmd_rx[-1] > 0:
+                    lat_rx.append((cl.cmd_rx[-1] - t_wall) * 1e-3)
+        d = cl.latest_diag(3.0)
+    finally:
+        cl.close()
+        for p in pubs:
+            with contextlib.suppress(Exception):
+                ros.node.destroy_publisher(p)
+        proc.stop()
+    s = latency_summary(lat_cb, lat_rx)
+    out = {
+        "samples": s["samples"],
+        "basis": s["basis"],
+        "policy": args.camera_policy,
+        "cameras": "2 x 640x480 rgb8, observation trigger",
+        "late_images": late,
+        "startup_s": round(startup, 1),
+        "camera_to_action_p50_us": s["p50_us"],
+        "camera_to_action_p99_us": s["p99_us"],
+        **{k: s[k] for k in ("cb_p50_us", "cb_p99_us", "dds_p50_us", "dds_p99_us")},
+        "node": {
+            **diag_numbers(d),
+            **{k: v for k, v in d.items() if k.startswith("camera.") and "last" not in k},
+        },
+    }
+    log(
+        f"cameras ({s['samples']} samples, {late} late): camera->action p50/p99 "
+        f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}); "
+        f"node step p50 {out['node'].get('step_p50_us')} us"
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # start-up: spawn -> first command, timer trigger, observations already streaming
 def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: float = 500.0):
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
@@ -839,6 +977,16 @@ def main() -> int:
         help="also run the service rate with this publish_offset_s (0 = skip)",
     )
     ap.add_argument("--no-floors", action="store_true", help="skip the bare-rclpy floors")
+    ap.add_argument(
+        "--camera-policy",
+        default=CAMERA_PROBE,
+        help="policy of the camera scenario (2 x 640x480 rgb8 cameras top, wrist); the default "
+        "probe tells which images each command used; the real model: builtin:act's lerobot size "
+        "(a factory returning make_act(size='lerobot'))",
+    )
+    ap.add_argument(
+        "--camera-samples", type=int, default=None, help="camera scenario (500; quick 30)"
+    )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
@@ -912,6 +1060,7 @@ def main() -> int:
         if r is not None:
             offset_rows.append(r[0])
     obs = attempt("observation", run_observation, args, args.obs_samples)
+    cam = attempt("camera", run_camera, args, args.camera_samples or (30 if q else 500))
 
     if not args.no_floors:
         for key, fn, a in (
@@ -932,6 +1081,15 @@ def main() -> int:
         "rates": rows,
         "rates_publish_offset": offset_rows,
         "observation": obs,
+        "camera_to_action_p50_us": dig(cam, "camera_to_action_p50_us"),
+        "camera_to_action_p99_us": dig(cam, "camera_to_action_p99_us"),
+        "camera": cam
+        and {
+            **cam,
+            "vs_floor_image_echo_p50_us": versus(
+                cam["camera_to_action_p50_us"], dig(floors.get("image_echo"), "p50_us")
+            ),
+        },
         "floors": floors,
         "start": starts,
         "node_diagnostics": {str(int(r["target_hz"])): r["node"] for r in rows},

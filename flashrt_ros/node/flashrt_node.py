@@ -29,7 +29,9 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
+from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
+from flashrt_ros.node.cameras import Cameras, match_policy, parse_cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
@@ -37,6 +39,7 @@ from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.joints import JointMapper
+from flashrt_ros.policies.base import IMAGE_PREFIX
 from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
 
@@ -61,6 +64,9 @@ class FlashrtNode(LifecycleNode):
         self._polled = PolledGroup()
         self._js_sub = None
         self._subs = []
+        self._cams: Cameras | None = None  # camera/<name>/image_raw (cameras.py)
+        self._state_key = ""  # the policy's vector input, when it takes a dict observation
+        self._stale_why = ""  # the stream a stale tick waited for
         self.capsule_services = CapsuleServices(self.control, self, self._cb_services)
         self.flight = FlightServices(self.control, self, self._cb_services)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -99,6 +105,8 @@ class FlashrtNode(LifecycleNode):
                     f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
                     f"{policy.action_dim} actions; joint_names has {mapper.n} joints"
                 )
+            cameras = parse_cameras(cfg.cameras)
+            state_key = self._check_inputs(policy, cameras)
             t0 = time.monotonic()
             engine = Engine(
                 policy,
@@ -110,6 +118,9 @@ class FlashrtNode(LifecycleNode):
                 max_sessions=cfg.max_sessions,  # the rollout scratch session is not counted
                 obs_limit=cfg.obs_limit,
                 flight_ticks=cfg.flight_ticks,
+                image_encodings={
+                    IMAGE_PREFIX + name: enc for name, enc in cameras.items() if enc is not None
+                },
             )
         except (ValueError, RuntimeError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
@@ -121,6 +132,17 @@ class FlashrtNode(LifecycleNode):
         if cfg.output in ("joint_trajectory", "both"):
             self._pub_traj = self.create_lifecycle_publisher(
                 JointTrajectory, "joint_trajectory", 10
+            )
+        self._state_key, self._cams = state_key, None
+        if cameras:  # subscribed before joint_states: the executor serves them first when both wait
+            self._cams = Cameras(
+                self,
+                cameras,
+                engine.observation_spec(),
+                self._refuse,
+                self._polled if cfg.trigger == "timer" else self._cb_inputs,
+                polled=cfg.trigger == "timer",
+                qos=qos_profile_sensor_data if cfg.trigger == "timer" else 10,
             )
         self._subs = [
             self.create_subscription(
@@ -141,6 +163,7 @@ class FlashrtNode(LifecycleNode):
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
             f"state {engine.state_nbytes} B, {cfg.capsule_slots} capsule slots, "
             f"trigger {cfg.trigger}, {len(engine.capsules())} capsules reloaded, "
+            f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
         )
         # Everything built so far lives as long as the node: freezing it keeps the collector's
@@ -149,9 +172,27 @@ class FlashrtNode(LifecycleNode):
         gc.freeze()
         return super().on_configure(state)
 
+    @staticmethod
+    def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
+        """The node serves one vector input (the joint state) and, as images, exactly the
+        `cameras`: BadRequest naming both sets otherwise, so a camera policy never starts blind.
+        Returns the vector's key for dict observations ("" for a vector-only policy)."""
+        specs = list(policy.input_spec())
+        vectors = [i.name for i in specs if i.kind == "vector"]
+        images = [i.name.removeprefix(IMAGE_PREFIX) for i in specs if i.kind == "image"]
+        if len(vectors) != 1:
+            raise BadRequest(
+                f"policy {policy.policy_id} takes vector inputs {vectors}; the node serves one "
+                "(the joint state)"
+            )
+        match_policy(cameras, images)
+        return vectors[0] if images else ""
+
     def on_activate(self, state) -> TransitionCallbackReturn:
         with self._obs_lock:
             self._latest_obs = None  # never act on an observation from before activation
+        if self._cams is not None:
+            self._cams.clear()  # nor on an image from before it
         if self.cfg.trigger == "timer" and self._js_sub is not None:
             while take(self._js_sub) is not None:  # nor on one queued while inactive
                 pass
@@ -193,6 +234,9 @@ class FlashrtNode(LifecycleNode):
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None
+        if self._cams is not None:
+            self._cams.close(self)
+            self._cams = None
         for p in (self._pub_cmd, self._pub_traj):
             if p is not None:
                 self.destroy_lifecycle_publisher(p)
@@ -246,6 +290,8 @@ class FlashrtNode(LifecycleNode):
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:
+        if self._cams is not None:
+            self._cams.take()  # the control thread takes the images itself too
         sub = self._js_sub
         while sub is not None and (got := take(sub)) is not None:  # newest valid one wins
             self._on_joint_states(got[0], age=got[1])
@@ -254,7 +300,8 @@ class FlashrtNode(LifecycleNode):
         offset = self.cfg.publish_offset_s
         self._step(obs, t, publish_at=deadline + offset if offset > 0 else None)
 
-    def _stale(self) -> None:
+    def _stale(self, why: str) -> None:
+        self._stale_why = why
         with self.stats.lock:
             self.stats.stale_ticks += 1
             self.stats.stale_s += self._loop.period if self._loop else 0.0
@@ -274,16 +321,29 @@ class FlashrtNode(LifecycleNode):
             if received is not None and (
                 obs is None or time.monotonic() - received > self.cfg.obs_timeout_s
             ):
-                self._stale()
+                self._stale("joint_states")
                 return  # stale: no step, no command; the robot holds
+            x = obs
+            if self._cams is not None:  # each camera has its own staleness
+                cam = self._cams.stale(time.monotonic(), self.cfg.obs_timeout_s)
+                if cam:
+                    if received is not None:
+                        self._stale(f"camera {cam}")
+                    else:  # observation trigger: this joint_states is refused
+                        self._refuse(
+                            f"stale: camera {cam!r} has no valid image newer than "
+                            f"obs_timeout_s={self.cfg.obs_timeout_s:g}"
+                        )
+                    return
+                x = self._cams.observation(obs, self._state_key)
             live = ctl.live
             if eng.poisoned(live):
                 return  # nothing for a poisoned session; /diagnostics reports it each second
             try:
                 if self._pub_traj is not None:
-                    action, chunk = eng.step_with_chunk(obs, session=live)
+                    action, chunk = eng.step_with_chunk(x, session=live)
                 else:
-                    action, chunk = eng.step(obs, session=live), None
+                    action, chunk = eng.step(x, session=live), None
             except ValueError as e:
                 self._refuse(str(e))
                 self._forget(obs)
@@ -370,6 +430,10 @@ class FlashrtNode(LifecycleNode):
                 kv["pool_bytes_used"], kv["pool_bytes_total"] = map(str, pool_bytes(eng))
                 kv["device"] = str(eng.device)
                 kv.update(self.flight.diagnostics(eng, live))
+        kv["stale_stream"] = self._stale_why
+        cams = self._cams
+        if cams is not None:
+            kv.update(cams.diagnostics(time.monotonic()))
         shown = live if live in poisoned else next(iter(poisoned), "")
         kv["poisoned_session"] = shown
         kv["poisoned_reason"] = poisoned.get(shown, "")
@@ -387,7 +451,8 @@ class FlashrtNode(LifecycleNode):
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
         elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
-            level, message = DiagnosticStatus.WARN, "stale: no fresh joint_states, holding"
+            level = DiagnosticStatus.WARN
+            message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
         elif poisoned:
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         status = DiagnosticStatus(

@@ -544,6 +544,13 @@ def rcl_value(raw: str) -> Any:
 
 
 def _node_cross(v: Mapping[str, Any]) -> list[str]:
+    names = [c.partition(":")[0] for c in v["cameras"]]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        return [
+            f"parameter cameras={list(v['cameras'])!r} ({dup!r} appears twice); accepts "
+            "each camera name at most once"
+        ]
     if v["trigger"] == "timer" and v["publish_offset_s"] >= 1.0 / v["rate_hz"]:
         return [
             f"parameter publish_offset_s={v['publish_offset_s']!r}; accepts a value below "
@@ -553,6 +560,8 @@ def _node_cross(v: Mapping[str, Any]) -> list[str]:
 
 
 NAME_RE, NAME_TEXT = r"[A-Za-z0-9_]+", "letters, digits and _"
+# a camera: a ROS name token (it becomes part of camera/<name>/image_raw), then an encoding
+CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8))?"
 
 NODE_PARAMS = ParamTable(
     [
@@ -703,9 +712,13 @@ NODE_PARAMS = ParamTable(
             "cameras",
             [],
             "string_array",
-            "reserved: camera/<name>/image_raw topics (not yet served)",
-            pattern=NAME_RE,
-            pattern_text=NAME_TEXT,
+            "cameras, each subscribed on camera/<name>/image_raw (sensor_msgs/Image) and fed to "
+            "the policy's input observation.images.<name>: exactly the policy's image inputs; "
+            "name:encoding fixes the encoding (rgb8, bgr8, mono8; default rgb8, mono8 for a "
+            "1-channel input), other encodings, sizes and steps are refused",
+            pattern=CAMERA_RE,
+            pattern_text="name or name:encoding (a letter, then letters, digits or _; "
+            "rgb8, bgr8 or mono8)",
             unique=True,
         ),
         Param("autostart", True, "bool", "configure and activate at start"),

@@ -7,10 +7,17 @@ Bags are rosbag2 directories as ``ros2 bag record`` writes them (``metadata.yaml
 Times: every timestamp here is the bag's receive time (``log_time``) in integer nanoseconds. For
 JointState the header stamp is kept as ``InputEvent.header_ns``; ``write_inputs`` writes
 ``header_ns`` (or the receive time when it is 0) into the header.
+
+Images: with ``camera_prefix`` (e.g. ``"/camera"``), ``read_inputs`` also returns the
+sensor_msgs/Image messages of ``<camera_prefix>/<name>/image_raw`` as ``kind="image"`` events
+(``camera`` = name, ``image`` = an ``ImageFrame`` holding the raw bytes, no pixel conversion), and
+``write_inputs`` writes such events to those topics. They are held in memory whole: a bag of long
+high-resolution runs needs as much memory as its images.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +29,8 @@ from rosbags.typesys import Stores, get_typestore
 
 __all__ = [
     "InputEvent",
+    "ImageFrame",
+    "IMAGE",
     "STORAGES",
     "JOINT_STATE",
     "FLOAT64_MULTI_ARRAY",
@@ -40,6 +49,7 @@ STORAGES = ("sqlite3", "mcap")
 JOINT_STATE = "sensor_msgs/msg/JointState"
 FLOAT64_MULTI_ARRAY = "std_msgs/msg/Float64MultiArray"
 JOINT_TRAJECTORY = "trajectory_msgs/msg/JointTrajectory"
+IMAGE = "sensor_msgs/msg/Image"
 
 TYPESTORE_NAME = "ROS2_KILTED" if hasattr(Stores, "ROS2_KILTED") else "ROS2_JAZZY"
 _TYPESTORE = None
@@ -58,11 +68,46 @@ def typestore():
 
 
 @dataclass(eq=False)
+class ImageFrame:
+    """The fields of a sensor_msgs/Image that a camera observation uses; ``data`` is the raw
+    uint8 bytes (rows of ``step`` bytes), as the message carries them."""
+
+    height: int
+    width: int
+    encoding: str
+    step: int
+    data: np.ndarray
+    is_bigendian: int = 0
+    header_ns: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ImageFrame):
+            return NotImplemented
+        return (
+            self.height,
+            self.width,
+            self.encoding,
+            self.step,
+            self.is_bigendian,
+            self.header_ns,
+        ) == (
+            other.height,
+            other.width,
+            other.encoding,
+            other.step,
+            other.is_bigendian,
+            other.header_ns,
+        ) and np.array_equal(self.data, other.data)
+
+
+@dataclass(eq=False)
 class InputEvent:
-    """One input message of a bag: a JointState (``kind="joint_states"``) or a goal (``"goal"``).
+    """One input message of a bag: a JointState (``kind="joint_states"``), a goal (``"goal"``)
+    or a camera image (``"image"``).
 
     ``stamp_ns`` is the bag receive time. joint_states fill ``names``, ``position``, ``velocity``
-    (and ``header_ns``); goals fill ``data``. Unused arrays are empty float64 arrays.
+    (and ``header_ns``); goals fill ``data``; images ``camera`` and ``image``. Unused arrays are
+    empty float64 arrays.
     """
 
     kind: str
@@ -72,12 +117,16 @@ class InputEvent:
     velocity: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     data: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     header_ns: int = 0
+    camera: str = ""
+    image: ImageFrame | None = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InputEvent):
             return NotImplemented
         return (
             self.kind == other.kind
+            and self.camera == other.camera
+            and self.image == other.image
             and self.stamp_ns == other.stamp_ns
             and list(self.names) == list(other.names)
             and self.header_ns == other.header_ns
@@ -190,10 +239,36 @@ def _stamp_ns(t) -> int:
 # inputs (joint_states + goal)
 
 
+def camera_topics(path: str | Path, camera_prefix: str = "/camera") -> dict[str, str]:
+    """Camera name -> topic of the bag's ``<camera_prefix>/<name>/image_raw`` topics."""
+    reader = _open(path)
+    try:
+        return {n: t for n, (t, _) in _camera_conns(reader, camera_prefix, path).items()}
+    finally:
+        reader.close()
+
+
+def _camera_conns(reader: Reader, prefix: str, path) -> dict[str, tuple[str, list]]:
+    pat = re.compile(re.escape(_norm(prefix).rstrip("/")) + r"/([A-Za-z][A-Za-z0-9_]*)/image_raw")
+    out: dict[str, tuple[str, list]] = {}
+    for c in reader.connections:
+        m = pat.fullmatch(_norm(c.topic))
+        if m is None:
+            continue
+        if c.msgtype != IMAGE:
+            raise ValueError(f"{path}: topic {c.topic!r} has type {c.msgtype}, expected {IMAGE}")
+        out.setdefault(m.group(1), (_norm(c.topic), []))[1].append(c)
+    return dict(sorted(out.items()))
+
+
 def read_inputs(
-    path: str | Path, joint_states_topic: str = "/joint_states", goal_topic: str = "/goal"
+    path: str | Path,
+    joint_states_topic: str = "/joint_states",
+    goal_topic: str = "/goal",
+    camera_prefix: str | None = None,
 ) -> list[InputEvent]:
-    """JointState and goal (Float64MultiArray) messages, by receive time (ties in bag order).
+    """JointState and goal (Float64MultiArray) messages, by receive time (ties in bag order);
+    with ``camera_prefix`` the images of ``<camera_prefix>/<name>/image_raw`` too.
 
     Topics match with or without the leading slash. ValueError when the joint_states topic is
     missing (the message lists the bag's topics) or has another type. The goal topic is optional.
@@ -208,9 +283,28 @@ def read_inputs(
             )
         goal = _connections(reader, goal_topic, FLOAT64_MULTI_ARRAY, path)
         js_ids = {c.id for c in js}
+        cams = _camera_conns(reader, camera_prefix, path) if camera_prefix is not None else {}
+        cam_of = {c.id: name for name, (_, conns) in cams.items() for c in conns}
+        img_conns = [c for _, conns in cams.values() for c in conns]
         events: list[InputEvent] = []
-        for conn, stamp, raw in _messages(reader, js + goal, path):
-            if conn.id in js_ids:
+        for conn, stamp, raw in _messages(reader, js + goal + img_conns, path):
+            if conn.id in cam_of:
+                m = _deserialize(raw, IMAGE, path, stamp)
+                frame = ImageFrame(
+                    height=int(m.height),
+                    width=int(m.width),
+                    encoding=str(m.encoding),
+                    step=int(m.step),
+                    data=np.asarray(m.data, dtype=np.uint8),
+                    is_bigendian=int(m.is_bigendian),
+                    header_ns=_stamp_ns(m.header.stamp),
+                )
+                events.append(
+                    InputEvent(
+                        kind="image", stamp_ns=int(stamp), camera=cam_of[conn.id], image=frame
+                    )
+                )
+            elif conn.id in js_ids:
                 m = _deserialize(raw, JOINT_STATE, path, stamp)
                 events.append(
                     InputEvent(
@@ -303,6 +397,29 @@ def _joint_state_msg(e: InputEvent):
     )
 
 
+def _image_msg(e: InputEvent):
+    T = typestore().types
+    f = e.image
+    if f is None or not e.camera:
+        raise ValueError("an image event needs a camera name and an ImageFrame")
+    hns = f.header_ns or e.stamp_ns
+    header = T["std_msgs/msg/Header"](
+        stamp=T["builtin_interfaces/msg/Time"](
+            sec=hns // 1_000_000_000, nanosec=hns % 1_000_000_000
+        ),
+        frame_id=f"{e.camera}_camera",
+    )
+    return T[IMAGE](
+        header=header,
+        height=int(f.height),
+        width=int(f.width),
+        encoding=str(f.encoding),
+        is_bigendian=int(f.is_bigendian),
+        step=int(f.step),
+        data=np.ascontiguousarray(f.data, dtype=np.uint8).reshape(-1),
+    )
+
+
 def _float64_multi_array_msg(data):
     T = typestore().types
     layout = T["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
@@ -315,8 +432,10 @@ def write_inputs(
     storage: str = "sqlite3",
     joint_states_topic: str = "/joint_states",
     goal_topic: str = "/goal",
+    camera_prefix: str = "/camera",
 ) -> None:
-    """Write a joint_states (+ goal, if any event is one) bag in the given order.
+    """Write a joint_states (+ goal, if any event is one; + each camera's
+    ``<camera_prefix>/<name>/image_raw``, if any event is an image) bag in the given order.
 
     Refuses an existing path (ValueError).
     """
@@ -324,19 +443,29 @@ def write_inputs(
     rows = []
     for e in events:
         if e.kind == "joint_states":
-            rows.append((0, _check_stamp(e.stamp_ns), _joint_state_msg(e)))
+            rows.append(("js", _check_stamp(e.stamp_ns), _joint_state_msg(e)))
         elif e.kind == "goal":
-            rows.append((1, _check_stamp(e.stamp_ns), _float64_multi_array_msg(e.data)))
+            rows.append(("goal", _check_stamp(e.stamp_ns), _float64_multi_array_msg(e.data)))
+        elif e.kind == "image":
+            rows.append((f"cam:{e.camera}", _check_stamp(e.stamp_ns), _image_msg(e)))
         else:
             raise ValueError(f"unknown event kind {e.kind!r}")
 
     def fill(w: Writer) -> None:
-        conns = [w.add_connection(joint_states_topic, JOINT_STATE, typestore=ts)]
-        if any(r[0] == 1 for r in rows):
-            conns.append(w.add_connection(goal_topic, FLOAT64_MULTI_ARRAY, typestore=ts))
-        types = (JOINT_STATE, FLOAT64_MULTI_ARRAY)
+        conns = {
+            "js": (w.add_connection(joint_states_topic, JOINT_STATE, typestore=ts), JOINT_STATE)
+        }
+        for which, _, _ in rows:
+            if which in conns:
+                continue
+            if which == "goal":
+                topic, typ = goal_topic, FLOAT64_MULTI_ARRAY
+            else:
+                topic, typ = f"{_norm(camera_prefix).rstrip('/')}/{which[4:]}/image_raw", IMAGE
+            conns[which] = (w.add_connection(topic, typ, typestore=ts), typ)
         for which, stamp, msg in rows:
-            w.write(conns[which], stamp, ts.serialize_cdr(msg, types[which]))
+            conn, typ = conns[which]
+            w.write(conn, stamp, ts.serialize_cdr(msg, typ))
 
     _write(path, storage, fill)
 

@@ -1,4 +1,12 @@
-"""Lockstep replay into a running flashrt node over DDS: send one input, wait for its effect."""
+"""Lockstep replay into a running flashrt node over DDS: send one input, wait for its effect.
+
+Images: each camera image is published on `camera/<name>/image_raw` and the replay waits for the
+node's `~/camera_seen` acknowledgement (latched: images received and accepted per camera) before
+it sends anything else, so the joint_states that follows steps on exactly that image. (Waiting
+is needed: DDS orders the messages of one topic, not those of two, so an image published just
+before a joint_states may arrive after it.) The node must be freshly activated: images it took
+before the replay are not the bag's: a joint_states that comes before every camera had an image
+in this replay is not sent (and --offline skips it too)."""
 
 from __future__ import annotations
 
@@ -9,8 +17,8 @@ import rclpy
 from rcl_interfaces.srv import GetParameters
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile
-from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64MultiArray
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray, UInt64MultiArray
 
 from flashrt_ros.replay.bags import InputEvent
 from flashrt_ros.srv import Checkpoint, Restore
@@ -45,6 +53,17 @@ class NodeDriver:
         self.cp = self.n.create_client(Checkpoint, f"{self.node_name}/checkpoint")
         self.rs = self.n.create_client(Restore, f"{self.node_name}/restore")
         self.params = self.n.create_client(GetParameters, f"{self.node_name}/get_parameters")
+        self.ns = ns
+        self.cameras: list[str] = []  # the node's, in its `cameras` order
+        self.seen: list[int] | None = None  # ~/camera_seen: received, accepted per camera
+        self._img_pubs: dict[str, object] = {}
+        self._has_image: set[str] = set()  # cameras with an image accepted in this replay
+        self.n.create_subscription(
+            UInt64MultiArray, f"{self.node_name}/camera_seen", self._on_seen, latched
+        )
+
+    def _on_seen(self, msg) -> None:
+        self.seen = list(msg.data)
 
     def _on_echo(self, msg) -> None:
         self.goal_echoes += 1
@@ -68,8 +87,11 @@ class NodeDriver:
 
     def connect(self) -> list[str]:
         """Check the node is there in observation mode; returns its joint_names."""
-        resp = self._call(self.params, GetParameters.Request(names=["trigger", "joint_names"]))
+        resp = self._call(
+            self.params, GetParameters.Request(names=["trigger", "joint_names", "cameras"])
+        )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
+        self.cameras = [c.partition(":")[0] for c in resp.values[2].string_array_value]
         if trigger != "observation":
             raise NodeError(
                 f"{self.node_name} runs trigger:={trigger}; replay needs "
@@ -77,6 +99,12 @@ class NodeDriver:
             )
         self._spin_until(lambda: self.js.get_subscription_count() > 0, "joint_states subscriber")
         self._spin_until(lambda: self.goal_pub.get_subscription_count() > 0, "goal subscriber")
+        for c in self.cameras:
+            pub = self.n.create_publisher(Image, f"{self.ns}/camera/{c}/image_raw", 10)
+            self._spin_until(lambda p=pub: p.get_subscription_count() > 0, f"camera {c} subscriber")
+            self._img_pubs[c] = pub
+        if self.cameras:
+            self._spin_until(lambda: self.seen is not None, "~/camera_seen")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
         return joints
 
@@ -94,7 +122,37 @@ class NodeDriver:
         self.goal_pub.publish(Float64MultiArray(data=[float(x) for x in data]))
         self._spin_until(lambda: self.goal_echoes > n, "goal")
 
-    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray:
+    def image(self, event: InputEvent) -> str:
+        """Publish one image and wait until the node handled it; "" when it took it."""
+        if event.camera not in self._img_pubs:
+            raise NodeError(f"the node has no camera {event.camera!r} (cameras: {self.cameras})")
+        i = 2 * self.cameras.index(event.camera)
+        received, accepted = self.seen[i], self.seen[i + 1]
+        f = event.image
+        msg = Image(
+            height=int(f.height),
+            width=int(f.width),
+            encoding=str(f.encoding),
+            is_bigendian=int(f.is_bigendian),
+            step=int(f.step),
+        )
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(
+            f.header_ns or event.stamp_ns, 10**9
+        )
+        msg.header.frame_id = f"{event.camera}_camera"
+        msg.data = np.ascontiguousarray(f.data, dtype=np.uint8).tobytes()
+        self._img_pubs[event.camera].publish(msg)
+        self._spin_until(lambda: self.seen[i] > received, f"camera {event.camera} image")
+        if self.seen[i + 1] > accepted:
+            self._has_image.add(event.camera)
+            return ""
+        return f"camera {event.camera!r}: image refused by the node (see its log)"
+
+    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray | None:
+        if len(self._has_image) < len(self.cameras):
+            # not sent: the node could still hold an image from before the replay, so it
+            # might step on it where --offline cannot; both skip it instead
+            return None
         n = len(self.commands)
         self._publish_js(event)
         self._spin_until(lambda: len(self.commands) > n, "command")

@@ -4,6 +4,15 @@ Walks a bag's input events in order: goals are applied before the observations t
 them, each valid observation yields exactly one command, invalid samples are skipped and counted
 (the node refuses them the same way), and --checkpoint-at N / --restore-at M checkpoint after N
 commands, restore after M and rewind the input to where the checkpoint was taken.
+
+Camera images (events of kind "image") go to the driver before the joint_states that follow
+them; each joint_states then steps on the newest valid image of every camera, as the node's
+observation trigger does. A joint_states that comes before every camera had a valid image in the
+replay is skipped (not sent: the node could hold an image from before the replay). An invalid
+image is skipped too; the camera keeps its previous one. The node's wall-clock staleness
+(obs_timeout_s) is not replayed: in lockstep an image is milliseconds old when it is stepped on,
+and --offline has no clock; a bag whose camera drops out for longer than obs_timeout_s replays
+its old image.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from flashrt_ros.replay.bags import InputEvent
 
 class Driver(Protocol):
     def goal(self, data: np.ndarray) -> None: ...
-    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray: ...
+    def image(self, event: InputEvent) -> str: ...  # "" when taken, else why it was refused
+    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray | None: ...
     def checkpoint(self) -> str: ...
     def restore(self, ref: str) -> None: ...
     def refused(self, event: InputEvent) -> None: ...
@@ -79,6 +89,10 @@ def play(
             else:
                 driver.goal(ev.data)
                 res.goals += 1
+        elif ev.kind == "image":
+            why = driver.image(ev)
+            if why:
+                res.skipped.append((i, why))
         else:
             try:
                 obs = mapper.observation(ev.names, ev.position, ev.velocity)
@@ -86,7 +100,11 @@ def play(
                 res.skipped.append((i, str(e)))
                 driver.refused(ev)
             else:
-                res.commands.append((ev.stamp_ns + shift, driver.observe(obs, ev)))
+                cmd = driver.observe(obs, ev)
+                if cmd is None:
+                    res.skipped.append((i, "before the first valid image of every camera"))
+                else:
+                    res.commands.append((ev.stamp_ns + shift, cmd))
         i += 1
         if progress and total > 200 and i / total >= next_report:
             print(f"  {100 * i // total:3d}%  {len(res.commands)} commands", file=sys.stderr)
@@ -128,16 +146,48 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
 
 
 class EngineDriver:
-    """Offline: the same schedule straight into an Engine (no DDS)."""
+    """Offline: the same schedule straight into an Engine (no DDS). For a policy with image
+    inputs, each step gets a dict observation: the state and the newest valid image of each
+    camera, checked by the node's own checks (node/cameras.py image_array)."""
 
     def __init__(self, engine):
+        from flashrt_ros.node.cameras import camera_key, image_names
+
         self.engine = engine
+        self._key = camera_key
+        spec = engine.observation_spec()
+        self.cameras = image_names(spec)
+        self._spec = {n: spec[camera_key(n)] for n in self.cameras}
+        self._state_key = next(k for k, v in spec.items() if v["kind"] == "vector")
+        self._latest: dict[str, np.ndarray] = {}
 
     def goal(self, data: np.ndarray) -> None:
         self.engine.set_goal(data)
 
-    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray:
-        return self.engine.step(obs)
+    def image(self, event: InputEvent) -> str:
+        from flashrt_ros.errors import BadRequest
+        from flashrt_ros.node.cameras import image_array
+
+        s = self._spec.get(event.camera)
+        if s is None:
+            return f"camera {event.camera!r} is not an image input of the policy"
+        try:
+            self._latest[event.camera] = image_array(
+                event.image, tuple(s["shape"]), s["encoding"], f"camera {event.camera!r}"
+            )
+        except BadRequest as e:
+            return str(e)
+        return ""
+
+    def observe(self, obs: np.ndarray, event: InputEvent) -> np.ndarray | None:
+        if not self.cameras:
+            return self.engine.step(obs)
+        if len(self._latest) < len(self.cameras):
+            return None  # before every camera had an image: skipped, as the node replay does
+        x = {self._state_key: obs}
+        for n in self.cameras:
+            x[self._key(n)] = self._latest[n]
+        return self.engine.step(x)
 
     def checkpoint(self) -> str:
         return self.engine.checkpoint().id

@@ -1,4 +1,5 @@
-"""flashrt-replay: play a bag's joint_states and goals into a flashrt node, record its commands."""
+"""flashrt-replay: play a bag's joint_states, goals and camera images into a flashrt node, record
+its commands."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ The node must run with trigger:=observation (one step per joint_states message):
 Replay is lockstep: each observation is sent only after the previous command came back, and each
 goal only after the node echoed it on ~/goal_applied, so results never depend on timing.
 Commands are recorded with the stamp of the observation they answer, in IN_BAG's storage format.
+
+Cameras: the bag's sensor_msgs/Image topics <camera-prefix>/<name>/image_raw are played too, each
+image before the joint_states that follow it; the replay waits for the node's ~/camera_seen
+acknowledgement of every image, so each step uses exactly the images the bag had before it. The
+bag's cameras must be the node's `cameras` (or, --offline, the policy's image inputs; give
+--cameras NAME[:ENCODING],... when an encoding is not the default rgb8/mono8). A joint_states
+before every camera had a valid image in the replay is skipped (not sent). The node's wall-clock
+image staleness (obs_timeout_s) is not replayed: keep it above the node's time per step.
 
 --offline runs the same schedule through the Engine in this process (no DDS), for regression
 checks where no node runs; it gives the same commands as the node on the same device.
@@ -55,6 +64,12 @@ def parse(argv):
     ap.add_argument("--node", default="/flashrt", help="the node's full name (default /flashrt)")
     ap.add_argument("--joint-states-topic", default="/joint_states")
     ap.add_argument("--goal-topic", default="/goal")
+    ap.add_argument(
+        "--camera-prefix",
+        default=None,
+        help="camera topics are PREFIX/<name>/image_raw (default: the joint_states topic's "
+        "namespace + /camera)",
+    )
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
     ap.add_argument("--storage", choices=bags.STORAGES, help="output storage (default: IN_BAG's)")
     off = ap.add_argument_group("offline (no node, no DDS)")
@@ -68,6 +83,12 @@ def parse(argv):
     off.add_argument("--weights", default="")
     off.add_argument("--device", default="cpu")
     off.add_argument("--seed", type=int, default=0)
+    off.add_argument(
+        "--cameras",
+        default="",
+        help="the node's `cameras` as NAME[:ENCODING],... (default: the bag's cameras, "
+        "default encodings)",
+    )
     off.add_argument(
         "--joints",
         default=",".join(f"joint{i}" for i in range(1, 7)),
@@ -90,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
         storage = a.storage or bags.detect_storage(a.in_bag)
-        events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic)
+        prefix = a.camera_prefix
+        if prefix is None:
+            prefix = "/" + a.joint_states_topic.strip("/").rpartition("/")[0] + "/camera"
+        events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic, prefix)
+        bag_cams = sorted({e.camera for e in events if e.kind == "image"})
         if os.path.exists(a.out_bag):
             raise ValueError(f"{a.out_bag} exists; choose a new OUT_BAG")
         start = None
@@ -103,15 +128,17 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         n_js = sum(e.kind == "joint_states" for e in events)
+        n_img = sum(e.kind == "image" for e in events)
         print(
             f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
-            f"{len(events) - n_js} goals",
+            f"{len(events) - n_js - n_img} goals, {n_img} images"
+            + (f" of cameras {', '.join(bag_cams)}" if bag_cams else ""),
             file=sys.stderr,
         )
         if a.offline:
-            result = _offline(a, events, start)
+            result = _offline(a, events, start, bag_cams)
         else:
-            result = _through_node(a, events)
+            result = _through_node(a, events, bag_cams)
         bags.write_commands(a.out_bag, result.commands, storage=storage)
     except (ValueError, RuntimeError) as e:
         print(f"flashrt-replay: error: {e}", file=sys.stderr)
@@ -142,16 +169,29 @@ def _capsule_header(path: str) -> dict:
     return header
 
 
-def _offline(a, events, start: dict | None = None):
-    from flashrt_ros import Engine, load_policy
+def _same_cameras(bag: list[str], served: list[str], who: str) -> None:
+    if sorted(bag) != sorted(served):
+        raise ValueError(
+            f"the bag's cameras {sorted(bag)} are not {who}'s {sorted(served)}; "
+            "every camera must be in both"
+        )
 
+
+def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = None):
+    from flashrt_ros import Engine, load_policy
+    from flashrt_ros.node.cameras import camera_key, parse_cameras
+
+    cams = parse_cameras([c for c in a.cameras.split(",") if c]) if a.cameras else {}
     engine = Engine(
         load_policy(a.policy, weights=a.weights or None),
         device=a.device,
         seed=a.seed,
         # a flight ring of one: the node that recorded a flight dump steps with its ring write
         flight_ticks=1 if start is not None else 0,
+        image_encodings={camera_key(n): e for n, e in cams.items() if e is not None},
     )
+    driver = EngineDriver(engine)
+    _same_cameras(bag_cams or [], driver.cameras, "the policy")
     if start is not None:  # fingerprint, layout, checksum checked: a foreign file is refused
         info = engine.load_capsule(a.from_capsule)
         engine.restore(info.id, session="main", verify=True)
@@ -159,7 +199,7 @@ def _offline(a, events, start: dict | None = None):
     return play(
         events,
         mapper,
-        EngineDriver(engine),
+        driver,
         a.checkpoint_at,
         a.restore_at,
         a.rate,
@@ -168,7 +208,7 @@ def _offline(a, events, start: dict | None = None):
     )
 
 
-def _through_node(a, events):
+def _through_node(a, events, bag_cams: list[str] | None = None):
     import rclpy
 
     from flashrt_ros.replay.node_driver import NodeDriver
@@ -177,6 +217,7 @@ def _through_node(a, events):
     driver = NodeDriver(a.node, a.timeout)
     try:
         mapper = JointMapper(driver.connect())
+        _same_cameras(bag_cams or [], driver.cameras, "the node")
         return play(
             events,
             mapper,

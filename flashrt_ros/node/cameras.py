@@ -1,0 +1,244 @@
+"""Camera observations: one sensor_msgs/Image topic per camera, checked and staged without copies.
+
+The `cameras` parameter lists the node's cameras, `name` or `name:encoding` (rgb8, bgr8, mono8;
+without one the policy's channel count decides: rgb8 for 3 channels, mono8 for 1). Each camera is
+the subscription `camera/<name>/image_raw` and the policy input `observation.images.<name>`; the
+names must be the policy's image inputs exactly. The encoding is fixed at configure because the
+captured step converts the camera's bytes (bgr8 reversed, mono8 repeated) inside the graph: a
+message in another encoding would need another graph, so it is refused like a wrong size.
+
+A valid image is kept as a numpy view over the message's own buffer (`np.frombuffer(msg.data)`,
+no copy); `Engine.step` then copies it once into the pinned staging buffer that the captured graph
+uploads (runtime/inputs.py InputBuffers.stage). Rows padded past width x channels (`step` larger
+than the row) are taken as a strided view: still one copy, by numpy.
+
+The checks (`image_array`) need no ROS, so the offline replay applies the very same ones to the
+images of a bag.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from flashrt_ros.errors import BadRequest
+from flashrt_ros.node.params import CAMERA_RE
+from flashrt_ros.policies.base import IMAGE_PREFIX
+
+CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
+CAMERA_TEXT = "name or name:encoding; a name is a letter then letters, digits or _; encoding "
+CAMERA_TEXT += "rgb8, bgr8 or mono8"
+
+
+def parse_cameras(items: Iterable[str]) -> dict[str, str | None]:
+    """`cameras` items -> {name: encoding or None (the policy's default)}, in order; BadRequest
+    for a malformed item or a name given twice."""
+    out: dict[str, str | None] = {}
+    for item in items:
+        if not isinstance(item, str) or not re.fullmatch(CAMERA_RE, item):
+            raise BadRequest(f"camera {item!r}: want {CAMERA_TEXT}")
+        name, _, enc = item.partition(":")
+        if name in out:
+            raise BadRequest(f"camera {name!r} is listed twice")
+        out[name] = enc or None
+    return out
+
+
+def camera_key(name: str) -> str:
+    return IMAGE_PREFIX + name
+
+
+def image_names(spec: Mapping[str, Mapping]) -> list[str]:
+    """The camera names of an observation spec (Engine.observation_spec()): its image inputs."""
+    return [k[len(IMAGE_PREFIX) :] for k, v in spec.items() if v["kind"] == "image"]
+
+
+def match_policy(cameras: Mapping[str, str | None], policy_images: list[str]) -> None:
+    """BadRequest naming both sets unless the cameras are exactly the policy's image inputs."""
+    if set(cameras) != set(policy_images):
+        raise BadRequest(
+            f"cameras {sorted(cameras)} do not match the policy's image inputs "
+            f"{sorted(policy_images)} (observation.images.<name>); set the `cameras` parameter "
+            "to exactly those names"
+        )
+
+
+def image_array(msg, shape: tuple[int, int, int], encoding: str, what: str = "image") -> np.ndarray:
+    """A sensor_msgs/Image (rclpy's or a rosbags one: height, width, encoding, step, data) as an
+    H x W x C uint8 view over its data, or BadRequest saying what is wrong. Checked: encoding
+    (served, and the one configured), height, width, step (at least one row, and the data exactly
+    step x height bytes). No pixel is read."""
+    enc = msg.encoding
+    if enc not in CHANNELS:
+        raise BadRequest(
+            f"{what}: encoding {enc!r} is not served (rgb8, bgr8, mono8; this camera: {encoding})"
+        )
+    if enc != encoding:
+        raise BadRequest(f"{what}: encoding {enc!r}, but this camera is configured {encoding}")
+    h, w, c = shape
+    if msg.height != h or msg.width != w:
+        raise BadRequest(f"{what}: {msg.width}x{msg.height} pixels, the policy takes {w}x{h}")
+    row, step, n = w * c, int(msg.step), len(msg.data)
+    if step < row:
+        raise BadRequest(f"{what}: step {step} is shorter than a row ({w} x {c} = {row} bytes)")
+    if n != step * h:
+        raise BadRequest(f"{what}: {n} data bytes, step x height is {step * h}")
+    a = np.frombuffer(msg.data, dtype=np.uint8)
+    if step == row:
+        return a.reshape(h, w, c)
+    return a.reshape(h, step)[:, :row].reshape(h, w, c)  # padded rows: a strided view
+
+
+@dataclass
+class Camera:
+    """One camera stream: its newest valid image (a view over its message) and counters."""
+
+    name: str
+    key: str
+    shape: tuple[int, int, int]
+    encoding: str
+    sub: object = None
+    latest: np.ndarray | None = None
+    latest_t: float = 0.0  # monotonic reception time of `latest`
+    received: int = 0
+    accepted: int = 0
+    refused: int = 0
+    stale: int = 0  # steps withheld because this camera had no fresh image
+    last_refusal: str = ""
+
+
+class Cameras:
+    """The node's camera subscriptions (see the module docstring).
+
+    `polled`: the subscriptions go to a callback group the executor never runs, and the control
+    thread calls `take()` at the top of each tick (timer mode, as joint_states: polled.py says
+    why). Otherwise the executor calls `on_image` (observation mode); there every message handled
+    is acknowledged on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted
+    per camera, in `cameras` order), so a lockstep replay knows the node holds an image before it
+    sends the joint_states that steps on it."""
+
+    def __init__(
+        self,
+        node,
+        cameras: Mapping[str, str | None],
+        spec: Mapping[str, Mapping],
+        refuse: Callable[[str], None],
+        callback_group,
+        polled: bool,
+        qos,
+    ):
+        from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import MultiArrayDimension, UInt64MultiArray
+
+        self._refuse = refuse
+        self.cams: list[Camera] = []
+        for name in cameras:
+            s = spec[camera_key(name)]
+            cam = Camera(name, camera_key(name), tuple(s["shape"]), s["encoding"])
+            cam.sub = node.create_subscription(
+                Image,
+                f"camera/{name}/image_raw",
+                (lambda m, c=cam: self.on_image(c, m)),
+                qos,
+                callback_group=callback_group,
+            )
+            self.cams.append(cam)
+        self.polled = polled
+        self._seen_pub = None
+        if not polled:
+            latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+            self._seen_pub = node.create_publisher(UInt64MultiArray, "~/camera_seen", latched)
+            self._seen = UInt64MultiArray()
+            n = len(self.cams)
+            self._seen.layout.dim = [
+                MultiArrayDimension(
+                    label=",".join(c.name for c in self.cams), size=n, stride=2 * n
+                ),
+                MultiArrayDimension(label="received,accepted", size=2, stride=2),
+            ]
+            self._publish_seen()
+
+    @property
+    def subscriptions(self) -> list:
+        return [c.sub for c in self.cams]
+
+    def close(self, node) -> None:
+        for c in self.cams:
+            node.destroy_subscription(c.sub)
+        if self._seen_pub is not None:
+            node.destroy_publisher(self._seen_pub)
+        self.cams, self._seen_pub = [], None
+
+    def clear(self) -> None:
+        """Forget every image (activation: never step on one from before), and drop the queued
+        ones in polled mode."""
+        from flashrt_ros.node.polled import take
+
+        for c in self.cams:
+            c.latest = None
+            if self.polled:
+                while take(c.sub) is not None:
+                    pass
+
+    def on_image(self, cam: Camera, msg, age: float = 0.0) -> bool:
+        """Check one message; a valid one becomes the camera's newest image. False if refused."""
+        cam.received += 1
+        try:
+            img = image_array(msg, cam.shape, cam.encoding, f"camera {cam.name!r}")
+        except BadRequest as e:
+            cam.refused += 1
+            cam.last_refusal = str(e)
+            self._refuse(str(e))
+            ok = False
+        else:
+            cam.latest, cam.latest_t = img, time.monotonic() - age
+            cam.accepted += 1
+            ok = True
+        if self._seen_pub is not None:
+            self._publish_seen()
+        return ok
+
+    def _publish_seen(self) -> None:
+        self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
+        self._seen_pub.publish(self._seen)
+
+    def take(self) -> None:
+        """Polled mode: handle every queued message of every camera (newest valid one wins)."""
+        from flashrt_ros.node.polled import take
+
+        for c in self.cams:
+            while (got := take(c.sub)) is not None:
+                self.on_image(c, got[0], age=got[1])
+
+    def stale(self, now: float, timeout: float) -> str:
+        """The first camera without an image newer than `timeout` ("" when all are fresh);
+        counted on that camera."""
+        for c in self.cams:
+            if c.latest is None or now - c.latest_t > timeout:
+                c.stale += 1
+                return c.name
+        return ""
+
+    def observation(self, state: np.ndarray, state_key: str) -> dict[str, np.ndarray]:
+        """The dict observation of one step: the state vector and each camera's newest image."""
+        obs = {state_key: state}
+        for c in self.cams:
+            obs[c.key] = c.latest
+        return obs
+
+    def diagnostics(self, now: float) -> dict[str, str]:
+        kv = {}
+        for c in self.cams:
+            p = f"camera.{c.name}."
+            kv[p + "received"] = str(c.received)
+            kv[p + "refused"] = str(c.refused)
+            kv[p + "stale_steps"] = str(c.stale)
+            kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
+            kv[p + "encoding"] = c.encoding
+            kv[p + "last_refusal"] = c.last_refusal
+        return kv

@@ -1,0 +1,240 @@
+"""Camera observations in the node, over real DDS on loopback (CPU): two sensor_msgs/Image
+cameras plus joint_states into a real visuomotor policy (builtin:act's module at 24x32, the
+`top` camera rgb8, the `wrist` camera bgr8)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+from sensor_msgs.msg import Image
+from std_msgs.msg import UInt64MultiArray
+
+from test.node_client import NodeClient
+from test.ros_helpers import REPO_ROOT, launch_node
+
+SPEC = "test.test_node_cameras:act_two_cameras"
+H, W = 24, 32
+CAMERAS = ["top", "wrist:bgr8"]
+ENCODINGS = {"top": "rgb8", "wrist": "bgr8"}
+
+
+@pytest.fixture(autouse=True)
+def importable_tests(monkeypatch) -> None:
+    """The node process imports the test policy from this repository."""
+    old = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT))
+
+
+def act_two_cameras():
+    """builtin:act's module with two small cameras (seeded init, pure): its action depends on
+    the state and on both images."""
+    from flashrt_ros.policies.act import make_act
+
+    return make_act(cameras=("top", "wrist"), image_hw=(H, W))
+
+
+def image_msg(img: np.ndarray, encoding: str, step: int | None = None, data=None) -> Image:
+    h, w = img.shape[:2]
+    c = 1 if img.ndim == 2 else img.shape[2]
+    m = Image(height=h, width=w, encoding=encoding, is_bigendian=0)
+    m.step = w * c if step is None else step
+    m.data = img.tobytes() if data is None else data
+    return m
+
+
+def frames(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (H, W, 3), dtype=np.uint8) for _ in range(n)]
+
+
+class Cams:
+    """Publishers of the node's two cameras and its ~/camera_seen acknowledgements."""
+
+    def __init__(self, ros, proc):
+        n = ros.node
+        self.ros = ros
+        self.pub = {
+            c: n.create_publisher(Image, proc.topic(f"camera/{c}/image_raw"), 10)
+            for c in ("top", "wrist")
+        }
+        self.seen: list[int] = []
+        latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+        n.create_subscription(
+            UInt64MultiArray,
+            proc.service("camera_seen"),
+            lambda m: setattr(self, "seen", list(m.data)),
+            latched,
+        )
+        assert ros.spin_until(
+            lambda: all(p.get_subscription_count() > 0 for p in self.pub.values()), 20
+        ), "node does not subscribe its cameras"
+
+    def send(self, cam: str, msg: Image, acked: bool = True) -> None:
+        """Publish; with `acked`, wait until the node has handled it (observation mode)."""
+        i = 0 if cam == "top" else 2
+        before = self.seen[i] if self.seen else 0
+        self.pub[cam].publish(msg)
+        if acked:
+            assert self.ros.spin_until(lambda: self.seen and self.seen[i] > before, 10), (
+                f"node did not acknowledge the {cam} image"
+            )
+
+
+def reference_engine():
+    from flashrt_ros import Engine, load_policy
+
+    return Engine(
+        load_policy(SPEC),
+        device="cpu",
+        image_encodings={"observation.images.wrist": "bgr8"},
+    )
+
+
+def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ros):
+    proc = ros.start_node(
+        {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS}
+    )
+    c, cams = NodeClient(ros, proc), Cams(ros, proc)
+    eng = reference_engine()
+    spec = eng.observation_spec()
+    assert spec["observation.images.top"]["shape"] == (H, W, 3)
+    obs = np.random.default_rng(0).uniform(-0.5, 0.5, (12, 12))
+    tops, wrists = frames(6, 1), frames(6, 2)
+
+    # no image yet: the joint_states is refused as stale, nothing is commanded
+    c.publish(obs[0])
+    ros.spin_for(0.5)
+    assert c.commands == []
+    d = c.latest_diag()
+    assert "stale: camera 'top'" in d["last_refusal"] and int(d["refused_inputs"]) == 1, d
+
+    def expect(state, top, wrist) -> np.ndarray:
+        return eng.step(
+            {
+                "observation.state": state.astype(np.float32),
+                "observation.images.top": top,
+                "observation.images.wrist": wrist,
+            }
+        )
+
+    got, want = [], []
+    for k in range(4):  # fresh images each step: the command is the Engine's action
+        cams.send("top", image_msg(tops[k], "rgb8"))
+        cams.send("wrist", image_msg(wrists[k], "bgr8"))
+        got.append(c.step(obs[k]))
+        want.append(expect(obs[k], tops[k], wrists[k]))
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+
+    # refused, counted, never stepped on: the next step uses the last valid images
+    bad_top = [
+        image_msg(tops[4][:-1], "rgb8"),  # one row short
+        image_msg(tops[4], "rgb8", step=W * 3 - 1),  # step shorter than a row
+        image_msg(tops[4], "rgb8", step=W * 3 + 4),  # step x height != data bytes
+        image_msg(tops[4], "bgr8"),  # a served encoding, but not this camera's
+        image_msg(tops[4], "yuv422"),  # an encoding not served
+    ]
+    for m in bad_top:
+        cams.send("top", m)
+    cams.send("wrist", image_msg(tops[4][:, :, 0], "mono8"))
+    np.testing.assert_array_equal(c.step(obs[4]), expect(obs[4], tops[3], wrists[3]))
+
+    # rows padded past width x 3 are valid ROS images: taken as they are
+    padded = np.zeros((H, W * 3 + 8), np.uint8)
+    padded[:, : W * 3] = tops[5].reshape(H, W * 3)
+    cams.send("top", image_msg(tops[5], "rgb8", step=W * 3 + 8, data=padded.tobytes()))
+    cams.send("wrist", image_msg(wrists[5], "bgr8"))
+    np.testing.assert_array_equal(c.step(obs[5]), expect(obs[5], tops[5], wrists[5]))
+
+    d = c.latest_diag(3.0)
+    assert d["camera.top.received"] == "10" and d["camera.top.refused"] == "5", d
+    assert d["camera.wrist.received"] == "6" and d["camera.wrist.refused"] == "1", d
+    assert d["camera.top.encoding"] == "rgb8" and d["camera.wrist.encoding"] == "bgr8"
+    assert 0.0 <= float(d["camera.top.age_s"]) < 5.0, d
+    assert int(d["refused_inputs"]) == 1 + 6, d  # the stale trigger and the six bad images
+    assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera
+    log = proc.log_tail(200)
+    assert "refused input:" in log and log.count("refused input:") < 7  # warned, throttled
+
+
+def test_timer_trigger_holds_while_one_camera_is_stale(ros):
+    proc = ros.start_node(
+        {
+            "policy": SPEC,
+            "device": "cpu",
+            "trigger": "timer",
+            "rate_hz": 20.0,
+            "obs_timeout_s": 0.3,
+            "cameras": CAMERAS,
+        }
+    )
+    c, cams = NodeClient(ros, proc), Cams(ros, proc)
+    top, wrist = frames(1, 3)[0], frames(1, 4)[0]
+    state = np.zeros(12)
+
+    def stream(seconds: float, wrist_on: bool, bad_top: bool = False, until=None) -> dict:
+        """Publish at ~20 Hz for `seconds`, or until a diagnostics message satisfies `until`."""
+        end, n = time.monotonic() + seconds, len(c.diagnostics)
+        while time.monotonic() < end:
+            c.publish(state)
+            cams.send("top", image_msg(top, "rgb8"), acked=False)
+            if bad_top:
+                cams.send("top", image_msg(top, "mono8"), acked=False)
+            if wrist_on:
+                cams.send("wrist", image_msg(wrist, "bgr8"), acked=False)
+            ros.spin_for(0.05)
+            hit = [d for d in c.diagnostics[n:] if until is not None and until(d)]
+            if hit:
+                return hit[0]
+        assert until is None, f"no such diagnostics; last: {c.diagnostics[-1:]}"
+        return {}
+
+    # never a wrist image: no command at all, and diagnostics says which stream is stale
+    d = stream(5.0, wrist_on=False, until=lambda d: d["_message"].startswith("stale"))
+    assert c.commands == []
+    assert d["_message"] == "stale: no fresh camera wrist, holding", d
+    assert d["stale_stream"] == "camera wrist" and int(d["camera.wrist.stale_steps"]) > 0, d
+    assert d["camera.wrist.age_s"] == "none" and float(d["camera.top.age_s"]) < 0.3, d
+    stream(1.0, wrist_on=True, bad_top=True)  # all fresh: commands; bad images refused
+    assert len(c.commands) >= 5, len(c.commands)
+    assert np.isfinite(c.commands[-1]).all()
+    stream(0.6, wrist_on=False)  # the wrist camera stops: after obs_timeout_s, no commands
+    held = len(c.commands)
+    d = stream(5.0, wrist_on=False, until=lambda d: d["_message"].startswith("stale"))
+    assert len(c.commands) == held
+    assert d["stale_stream"] == "camera wrist" and float(d["camera.wrist.age_s"]) > 0.3, d
+    assert int(d["camera.top.refused"]) >= 5 and "mono8" in d["camera.top.last_refusal"], d
+    stream(0.6, wrist_on=True)  # it resumes: so do the commands
+    assert len(c.commands) > held
+
+
+def test_configure_fails_when_cameras_and_policy_images_differ(ros, tmp_path):
+    """A camera policy without `cameras`, cameras the policy does not take, and cameras for a
+    policy without images: each exits with status 2, naming both sets."""
+    cases = [
+        ({"policy": SPEC}, "cameras [] do not match the policy's image inputs ['top', 'wrist']"),
+        (
+            {"policy": SPEC, "cameras": ["top", "side"]},
+            "cameras ['side', 'top'] do not match the policy's image inputs ['top', 'wrist']",
+        ),
+        ({"cameras": ["top"]}, "cameras ['top'] do not match the policy's image inputs []"),
+    ]
+    procs = [
+        launch_node(
+            {"device": "cpu", **p},
+            log_dir=tmp_path,
+            name=f"flashrt_{i}",
+            env={**os.environ, "ROS_DOMAIN_ID": str(ros.domain_id)},
+        )
+        for i, (p, _) in enumerate(cases)
+    ]
+    try:
+        for proc, (_, text) in zip(procs, cases, strict=True):
+            assert proc.proc.wait(timeout=90) == 2, proc.log_tail()
+            assert text in proc.log_tail(), proc.log_tail()
+    finally:
+        for proc in procs:
+            proc.stop()

@@ -2,12 +2,15 @@
 
 Publishes ``joint_states`` (sensor_msgs/JointState) at ``rate_hz`` and follows position targets
 from ``commands`` (std_msgs/Float64MultiArray, one value per joint, as forward_command_controller
-takes them). Until the first valid command it holds ``initial_positions``. The dynamics are
+takes them). Until the first valid command it holds ``initial_positions``. With ``camera_names``
+set it also publishes ``camera/<name>/image_raw`` (sensor_msgs/Image rgb8, flashrt_ros.sim.camera:
+the arm and, once ``goal`` (std_msgs/Float64MultiArray) arrived, the goal as a ghost) at
+``camera_rate_hz``, stamped with the time of the joint state it shows. The dynamics are
 ``flashrt_ros.sim.dynamics.ArmModel`` with dt = 1 / rate_hz, one step per timer tick.
 
-Parameters: SIM_PARAMS below (joint_names, rate_hz, initial_positions, extra_joints), declared
-and checked by the same mechanism as the flashrt node's (flashrt_ros.node.params); a bad one
-exits with status 2 naming it.
+Parameters: SIM_PARAMS below (joint_names, rate_hz, initial_positions, extra_joints, camera_*),
+declared and checked by the same mechanism as the flashrt node's (flashrt_ros.node.params); a bad
+one exits with status 2 naming it.
 Topic names are relative, so namespaces and remapping work.
 """
 
@@ -20,10 +23,11 @@ import rclpy
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
-from sensor_msgs.msg import JointState
+from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 
 from flashrt_ros.node.params import DEFAULT_JOINTS, Param, ParamTable
+from flashrt_ros.sim.camera import ArmCamera
 from flashrt_ros.sim.dynamics import ArmModel
 
 __all__ = ["SimArmNode", "main"]
@@ -69,6 +73,19 @@ SIM_PARAMS = ParamTable(
             "more joints published with position 0 and velocity 0 (to exercise filtering)",
             unique=True,
         ),
+        Param(
+            "camera_names",
+            [],
+            "string_array",
+            "cameras published on camera/<name>/image_raw (rgb8 view of the arm and the goal; "
+            "[] = none)",
+            unique=True,
+            pattern=r"[A-Za-z][A-Za-z0-9_]*",
+            pattern_text="a letter, then letters, digits or _",
+        ),
+        Param("camera_rate_hz", 30.0, "double", "camera image rate", lo=0.1, hi=1000.0),
+        Param("camera_height", 64, "integer", "camera image height in pixels", lo=8, hi=4096),
+        Param("camera_width", 64, "integer", "camera image width in pixels", lo=8, hi=4096),
     ],
     "SimArmConfig",
     cross=_cross,
@@ -97,6 +114,16 @@ class SimArmNode(Node):
         self._pub = self.create_publisher(JointState, "joint_states", 10)
         self._sub = self.create_subscription(Float64MultiArray, "commands", self._on_command, 10)
         self._timer = self.create_timer(1.0 / rate, self._on_tick)
+        self._stamp = self.get_clock().now().to_msg()  # of the state the camera shows
+        self._goal = None  # drawn as a ghost once a valid `goal` arrived
+        self._goal_sub = self.create_subscription(Float64MultiArray, "goal", self._on_goal, 10)
+        self.camera = ArmCamera(cfg.camera_height, cfg.camera_width, n)
+        self.camera_names = list(cfg.camera_names)
+        self._cam_pubs = [
+            self.create_publisher(Image, f"camera/{c}/image_raw", 10) for c in cfg.camera_names
+        ]
+        if self._cam_pubs:
+            self._cam_timer = self.create_timer(1.0 / cfg.camera_rate_hz, self._on_camera)
         self.get_logger().info(
             f"simulated arm: {n} joints {self.joint_names} at {rate:g} Hz"
             + (f", extra joints {self.extra_joints}" if self.extra_joints else "")
@@ -116,10 +143,35 @@ class SimArmNode(Node):
         self._target = data
         self.commands_received += 1
 
+    def _on_goal(self, msg: Float64MultiArray) -> None:
+        data = np.asarray(msg.data, dtype=np.float64)
+        if data.shape != (len(self.joint_names),) or not np.all(np.isfinite(data)):
+            self.get_logger().warning(
+                f"ignoring goal ({data.size} values or NaN/Inf; expected "
+                f"{len(self.joint_names)} finite)",
+                throttle_duration_sec=2.0,
+            )
+            return
+        self._goal = data
+
+    def _on_camera(self) -> None:
+        """One rgb8 image of the current state (stamped with that state's time) per camera."""
+        img = self.camera.render(self.model.q, self._goal)
+        msg = Image()
+        msg.header.stamp = self._stamp
+        msg.height, msg.width = img.shape[0], img.shape[1]
+        msg.encoding = "rgb8"
+        msg.is_bigendian = 0
+        msg.step = 3 * img.shape[1]
+        msg.data = img.tobytes()
+        for name, pub in zip(self.camera_names, self._cam_pubs, strict=True):
+            msg.header.frame_id = f"{name}_camera"
+            pub.publish(msg)
+
     def _on_tick(self) -> None:
         self.model.step(self._target)
         msg = JointState()
-        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.header.stamp = self._stamp = self.get_clock().now().to_msg()
         msg.name = self._names_out
         msg.position = self.model.q.tolist() + self._zeros_extra
         msg.velocity = self.model.dq.tolist() + self._zeros_extra

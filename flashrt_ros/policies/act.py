@@ -1,0 +1,300 @@
+"""builtin:act — an ACT-style (Action Chunking Transformer) visuomotor policy, shaped like
+LeRobot's ACTPolicy so the runtime adapter serves it like a LeRobot checkpoint.
+
+A conv backbone (shared by the cameras, a learned embedding per camera) turns each image into a
+grid of tokens with a 2-D sine position embedding; with a latent token (ACT's CVAE latent, zero at
+inference as in ACT) and a state token they feed a transformer encoder; a decoder of
+``chunk_size`` learned queries cross-attends to it and a linear head gives the action chunk.
+Post-norm layers with DETR-style positions added to queries and keys, as in ACT.
+
+``predict_action_chunk(batch)`` is pure: no queues, no randomness, static shapes, no host syncs.
+Action chunking and temporal ensembling are the runtime's job; the config only says how
+(``n_action_steps``, ``temporal_ensemble_coeff``).
+
+Sizes: "sim" (small, trained by tools/train_act.py on the sim arm's camera, weights/act.pt) and
+"lerobot" (LeRobot's default ACT: ResNet-18 trunk, dim 512, 8 heads, 4 encoder layers, 1 decoder
+layer, feedforward 3200, chunk 100, two 480x640 cameras; random init, for benchmarks). The
+training-only CVAE encoder of ACT is not part of the module (inference never runs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flashrt_ros.policies.visuomotor_common import (
+    IMAGE_PREFIX,
+    STATE_KEY,
+    WEIGHTS_DIR,
+    PolicyFeature,
+    ResNet18Trunk,
+    SmallConvEncoder,
+    check_cameras,
+    feature_hw,
+    history,
+    load_weights,
+    make_features,
+    saved_config,
+    sine_pos_1d,
+    sine_pos_2d,
+)
+
+__all__ = ["ACTConfig", "ACTPolicy", "make_act", "ACT_WEIGHTS", "ACT_SIZES"]
+
+log = logging.getLogger(__name__)
+ACT_WEIGHTS = WEIGHTS_DIR / "act.pt"
+
+
+@dataclass
+class ACTConfig:
+    """What builds an ACTPolicy; the LeRobot-shaped fields the runtime reads are
+    ``input_features``, ``output_features``, ``chunk_size``, ``n_action_steps``,
+    ``n_obs_steps`` and ``temporal_ensemble_coeff``."""
+
+    cameras: tuple[str, ...] = ("top",)
+    image_hw: tuple[int, int] = (64, 64)
+    state_dim: int = 12
+    action_dim: int = 6
+    chunk_size: int = 20
+    n_action_steps: int = 1
+    n_obs_steps: int = 1
+    temporal_ensemble_coeff: float | None = 0.01
+    backbone: str = "small"  # "small" (SmallConvEncoder) | "resnet18"
+    backbone_channels: tuple[int, ...] = (32, 48, 64, 64)
+    backbone_strides: tuple[int, ...] = (2, 2, 2, 1)  # 64x64 images -> 8x8 tokens
+    dim_model: int = 96
+    n_heads: int = 4
+    dim_feedforward: int = 256
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 1
+    dropout: float = 0.0
+    latent_dim: int = 32
+    # actions are predicted relative to the current joint positions (state[:, :action_dim])
+    relative_actions: bool = True
+
+    @property
+    def input_features(self) -> dict[str, PolicyFeature]:
+        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[0]
+
+    @property
+    def output_features(self) -> dict[str, PolicyFeature]:
+        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[1]
+
+    def to_dict(self) -> dict:
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
+
+
+ACT_SIZES: dict[str, dict] = {
+    "sim": {},
+    "lerobot": dict(
+        cameras=("top", "wrist"),
+        image_hw=(480, 640),
+        chunk_size=100,
+        n_action_steps=100,
+        temporal_ensemble_coeff=None,
+        backbone="resnet18",
+        dim_model=512,
+        n_heads=8,
+        dim_feedforward=3200,
+        n_encoder_layers=4,
+        n_decoder_layers=1,
+        dropout=0.1,
+        relative_actions=False,
+    ),
+}
+# overrides that leave the trained weights valid (they change only how the runtime uses them)
+RUNTIME_ONLY = ("n_action_steps", "temporal_ensemble_coeff", "dropout")
+
+
+class _Attention(nn.Module):
+    def __init__(self, d: int, n_heads: int):
+        super().__init__()
+        self.h = n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, lq, d = q.shape
+        dh = d // self.h
+
+        def split(x: torch.Tensor) -> torch.Tensor:
+            return x.view(b, -1, self.h, dh).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(split(self.q(q)), split(self.k(k)), split(self.v(v)))
+        return self.o(y.transpose(1, 2).reshape(b, lq, d))
+
+
+class _FFN(nn.Module):
+    def __init__(self, d: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.l1, self.l2, self.drop = nn.Linear(d, d_ff), nn.Linear(d_ff, d), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(self.drop(F.relu(self.l1(x))))
+
+
+class _EncoderLayer(nn.Module):
+    def __init__(self, c: ACTConfig):
+        super().__init__()
+        d = c.dim_model
+        self.attn, self.ffn = _Attention(d, c.n_heads), _FFN(d, c.dim_feedforward, c.dropout)
+        self.n1, self.n2, self.drop = nn.LayerNorm(d), nn.LayerNorm(d), nn.Dropout(c.dropout)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        qk = x + pos
+        x = self.n1(x + self.drop(self.attn(qk, qk, x)))
+        return self.n2(x + self.drop(self.ffn(x)))
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, c: ACTConfig):
+        super().__init__()
+        d = c.dim_model
+        self.self_attn, self.cross_attn = _Attention(d, c.n_heads), _Attention(d, c.n_heads)
+        self.ffn = _FFN(d, c.dim_feedforward, c.dropout)
+        self.n1, self.n2, self.n3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x, mem, mem_pos, query_pos) -> torch.Tensor:
+        qk = x + query_pos
+        x = self.n1(x + self.drop(self.self_attn(qk, qk, x)))
+        x = self.n2(x + self.drop(self.cross_attn(x + query_pos, mem + mem_pos, mem)))
+        return self.n3(x + self.drop(self.ffn(x)))
+
+
+class ACTPolicy(nn.Module):
+    """See the module docstring. Normalization lives in buffers: ``state_mean/std``,
+    ``image_mean/std`` (ImageNet's by default, as LeRobot's ACT), ``action_mean/std``
+    (per chunk step; added to the current joint positions when ``relative_actions``)."""
+
+    name = "act"
+
+    def __init__(self, config: ACTConfig | None = None):
+        super().__init__()
+        c = self.config = config or ACTConfig()
+        c.cameras, c.image_hw = check_cameras(c.cameras, c.image_hw)
+        if c.dim_model % c.n_heads or c.dim_model % 4:
+            raise ValueError(
+                f"dim_model={c.dim_model} must be a multiple of n_heads={c.n_heads} and of 4"
+            )
+        if c.n_obs_steps != 1:
+            raise ValueError("ACT observes one step (n_obs_steps=1)")
+        if not 1 <= c.n_action_steps <= c.chunk_size:
+            raise ValueError(f"n_action_steps must be in 1..chunk_size, got {c.n_action_steps}")
+        d = c.dim_model
+        if c.backbone == "resnet18":
+            self.backbone = ResNet18Trunk("batch")
+        elif c.backbone == "small":
+            self.backbone = SmallConvEncoder(
+                tuple(c.backbone_channels), strides=tuple(c.backbone_strides)
+            )
+        else:
+            raise ValueError(f"backbone must be 'small' or 'resnet18', got {c.backbone!r}")
+        fh, fw = feature_hw(self.backbone, c.image_hw)
+        self.input_proj = nn.Conv2d(self.backbone.out_channels, d, 1)
+        self.camera_embed = nn.Parameter(torch.zeros(len(c.cameras), d))
+        self.latent_proj = nn.Linear(c.latent_dim, d)
+        self.state_proj = nn.Linear(c.state_dim, d)
+        self.token_pos = nn.Parameter(torch.zeros(2, d))  # latent, state
+        self.encoder = nn.ModuleList(_EncoderLayer(c) for _ in range(c.n_encoder_layers))
+        self.decoder = nn.ModuleList(_DecoderLayer(c) for _ in range(c.n_decoder_layers))
+        self.decoder_norm = nn.LayerNorm(d)
+        self.query_pos = nn.Parameter(sine_pos_1d(c.chunk_size, d) * 0.1)
+        self.action_head = nn.Linear(d, c.action_dim)
+        self.register_buffer("image_pos", sine_pos_2d(fh, fw, d), persistent=False)
+        self.register_buffer("state_mean", torch.zeros(c.state_dim))
+        self.register_buffer("state_std", torch.ones(c.state_dim))
+        self.register_buffer("image_mean", torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1))
+        self.register_buffer("image_std", torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1))
+        self.register_buffer("action_mean", torch.zeros(c.chunk_size, c.action_dim))
+        self.register_buffer("action_std", torch.ones(c.chunk_size, c.action_dim))
+
+    def encode(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transformer-encoder memory (B, 2 + cameras x tokens, dim_model) and its positions."""
+        c = self.config
+        state = history(batch[STATE_KEY], 1, 1)[:, -1]
+        b = state.shape[0]
+        s = (state - self.state_mean) / self.state_std
+        latent = self.latent_proj.bias.expand(b, 1, -1)  # the projection of a zero latent
+        tokens = [latent, self.state_proj(s)[:, None]]
+        pos = [self.token_pos]
+        for i, cam in enumerate(c.cameras):
+            img = history(batch[IMAGE_PREFIX + cam], 3, 1)[:, -1]
+            f = self.input_proj(self.backbone((img - self.image_mean) / self.image_std))
+            tokens.append(f.flatten(2).transpose(1, 2))
+            pos.append(self.image_pos + self.camera_embed[i])
+        x = torch.cat(tokens, 1)
+        p = torch.cat(pos, 0)[None]
+        for layer in self.encoder:
+            x = layer(x, p)
+        return x, p
+
+    def predict_action_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, chunk_size, action_dim) joint targets from ``observation.state`` (B, 12) and each
+        ``observation.images.<cam>`` (B, 3, H, W) in [0, 1] (a (B, 1, ...) history also works)."""
+        x, p = self.encode(batch)
+        return self.decode(x, p, history(batch[STATE_KEY], 1, 1)[:, -1])
+
+    def decode(self, x: torch.Tensor, p: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The chunk from the encoder memory ``x`` (positions ``p``) and the state (B, 12)."""
+        c = self.config
+        q = self.query_pos[None]
+        y = torch.zeros(x.shape[0], c.chunk_size, c.dim_model, dtype=x.dtype, device=x.device)
+        for layer in self.decoder:
+            y = layer(y, x, p, q)
+        out = self.action_head(self.decoder_norm(y)) * self.action_std + self.action_mean
+        if c.relative_actions:
+            out = out + state[:, None, : c.action_dim]
+        return out
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.predict_action_chunk(batch)
+
+
+def make_act(
+    size: str = "sim",
+    cameras: tuple[str, ...] | None = None,
+    image_hw: tuple[int, int] | None = None,
+    weights: str | Path | None = None,
+    **overrides,
+) -> ACTPolicy:
+    """builtin:act in eval mode. ``cameras`` / ``image_hw`` default to the size's (sim: ("top",),
+    64x64; lerobot: ("top", "wrist"), 480x640); ``overrides`` set ACTConfig fields. Size "sim"
+    loads weights/act.pt when the config matches the one it was trained with (runtime-only
+    fields such as n_action_steps and temporal_ensemble_coeff may differ); ``weights`` loads a
+    given file instead. Otherwise the init is seeded (torch seed 0) and a warning says so."""
+    if size not in ACT_SIZES:
+        raise ValueError(f"unknown act size {size!r} (known: {', '.join(ACT_SIZES)})")
+    fields = {f.name for f in dataclasses.fields(ACTConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"builtin:act: unknown override(s) {unknown} (known: {sorted(fields)})")
+    kw = {**ACT_SIZES[size], **overrides}
+    if cameras is not None:
+        kw["cameras"] = cameras
+    if image_hw is not None:
+        kw["image_hw"] = image_hw
+    cfg = ACTConfig(**kw)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        policy = ACTPolicy(cfg)
+    if weights is not None:
+        load_weights(policy, weights, "builtin:act")
+    elif size == "sim":
+        saved = saved_config(ACT_WEIGHTS)
+        mine = cfg.to_dict()
+        if saved is not None and all(
+            saved.get(k) == v for k, v in mine.items() if k not in RUNTIME_ONLY
+        ):
+            load_weights(policy, ACT_WEIGHTS, "builtin:act")
+        else:
+            why = "no trained weights" if saved is None else "the config differs from act.pt's"
+            log.warning("builtin:act size %s: %s: running with seeded init", size, why)
+    return policy.eval()

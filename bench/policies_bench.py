@@ -56,7 +56,7 @@ QUICK = [
 ]
 
 
-COMPILE_UNTIL_S = 150.0  # past this much of the run, no more compiles (graph of eager kernels)
+COMPILE_UNTIL_S = 100.0  # past this much of the run, no more compiles (graph of eager kernels)
 
 
 def observations(eng: Engine, n: int, seed: int = 0) -> list[dict]:
@@ -173,11 +173,12 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
     return rows
 
 
-def policies_rows(device: str = "cuda", quick: bool = False, log=print) -> list[dict]:
+def policies_rows(device: str = "cuda", quick: bool = False, log=print, on_rows=None) -> list[dict]:
     """Every configured policy's rows; a policy that fails is logged and left out (its error
-    in the row list as {"policy", "size", "error"}), so one failure does not lose the rest."""
+    in the row list as {"policy", "size", "error"}), so one failure does not lose the rest.
+    `on_rows(rows)` is called after each policy, so a run cut short still leaves its rows."""
     configs = QUICK if quick else FULL
-    ticks, budget = (40, 5.0) if quick else (2000, 20.0)
+    ticks, budget = (40, 5.0) if quick else (1000, 6.0)
     rows = []
     t_start = time.perf_counter()
     for spec, size, overrides, do_compile in configs:
@@ -188,6 +189,8 @@ def policies_rows(device: str = "cuda", quick: bool = False, log=print) -> list[
         except Exception as e:  # noqa: BLE001 - reported in the results
             log(f"  {spec} {size}: FAILED {type(e).__name__}: {e}")
             rows.append({"policy": spec, "size": size, "error": f"{type(e).__name__}: {e}"})
+        if on_rows is not None:
+            on_rows(rows)
     return rows
 
 
@@ -197,11 +200,14 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="write {'policies': rows} as JSON here")
     a = ap.parse_args()
-    rows = policies_rows(a.device, a.quick, log=lambda *x: print(*x, flush=True))
+
+    def save(rows: list[dict]) -> None:
+        if a.out:
+            a.out.write_text(json.dumps({"policies": rows}, indent=1))
+
+    rows = policies_rows(a.device, a.quick, log=lambda *x: print(*x, flush=True), on_rows=save)
     for r in rows:
         print(json.dumps(r))
-    if a.out:
-        a.out.write_text(json.dumps({"policies": rows}, indent=1))
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -1,0 +1,130 @@
+"""Dict observations, the chunked (LeRobot-shaped) adapter and the flight recorder on the CUDA
+graph path, on the GPU machine (no ROS needed):
+
+    FLASHRT_REQUIRE_CUDA=1 python3 -m pytest -q -m cuda test/test_cuda_policies.py
+
+The CPU suite proves the semantics (test_chunked.py, test_dict_obs.py, test_flight.py); these
+prove that the captured graphs keep them: the images are uploaded and converted inside the graph,
+infer and queue ticks are both captured, and restore, branch and rewind replay bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros import Engine, load_policy
+from flashrt_ros.policies.chunked import ChunkedPolicy
+
+pytestmark = pytest.mark.cuda
+
+TOL = 1e-4  # fused (inductor) kernels against eager ones: float32 reassociation only
+
+
+def lerobot_like(seed: int = 0):
+    from test import lerobot_like as ll
+
+    torch.manual_seed(seed)
+    return ChunkedPolicy(ll.LeRobotLike())
+
+
+def builtin(spec: str):
+    kw = {"num_inference_steps": 2} if spec == "builtin:diffusion" else {}
+    return load_policy(spec, **kw)
+
+
+POLICIES = {
+    "lerobot_like": lerobot_like,
+    "builtin:act": lambda: builtin("builtin:act"),
+    "builtin:diffusion": lambda: builtin("builtin:diffusion"),
+}
+# inductor-fused capture (what the node serves) where it compiles in seconds; the diffusion UNet
+# captures its eager kernels here to keep the GPU run short (bench/policies_bench.py times both)
+FUSE = {"lerobot_like": True, "builtin:act": True, "builtin:diffusion": False}
+
+
+def stream(eng: Engine, n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    spec = eng.observation_spec()
+    out = []
+    for _ in range(n):
+        obs = {}
+        for key, v in spec.items():
+            if v["kind"] == "vector":
+                obs[key] = (rng.normal(size=v["shape"]) * 0.3).astype(np.float32)
+            else:
+                obs[key] = rng.integers(0, 256, v["shape"], dtype=np.uint8)
+        out.append(obs)
+    return out
+
+
+def run(eng: Engine, obs: list[dict], session: str = "main") -> np.ndarray:
+    return np.array([eng.step(o, session=session) for o in obs])
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_captured_ticks_match_eager_and_restore_branch_rewind_replay_bitwise(name):
+    graph = Engine(POLICIES[name](), device="cuda", seed=3, flight_ticks=16, fuse=FUSE[name])
+    eager = Engine(POLICIES[name](), device="cuda", seed=3, use_graph=False)
+    assert graph.session("main").captured
+    obs = stream(graph, 24)
+    want = run(eager, obs)
+    got = run(graph, obs[:6])
+    cap = graph.checkpoint(name="mid")
+    got = np.concatenate([got, run(graph, obs[6:])])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)  # infer and queue ticks alike
+
+    graph.restore(cap.id)  # history, queue, cursor and noise come back with the arena
+    assert np.array_equal(run(graph, obs[6:]), got[6:])
+    graph.branch(cap.id, "alt")
+    assert np.array_equal(run(graph, obs[6:], session="alt"), got[6:])
+    assert graph.rewind(7) == len(obs) - 7  # the ring is written inside the captured step
+    assert np.array_equal(run(graph, obs[-7:]), got[-7:])
+
+
+@pytest.mark.parametrize("top", ["rgb8", "bgr8"])
+@pytest.mark.parametrize("wrist", ["rgb8", "mono8"])
+def test_images_are_uploaded_and_converted_inside_the_graph(top, wrist):
+    from test import lerobot_like as ll
+
+    enc = {"observation.images.top": top, "observation.images.wrist": wrist}
+    stats = load_policy("test.lerobot_like:make_stats")
+    eng = Engine(stats, device="cuda", image_encodings=enc, fuse=False)
+    assert eng.session("main").captured
+    rng = np.random.default_rng(1)
+    for _ in range(3):  # fresh images each tick: nothing stale is read from the device buffers
+        img = rng.integers(0, 256, (*ll.TOP_HW, 3), dtype=np.uint8)
+        w = rng.integers(0, 256, ll.WRIST_HW if wrist == "mono8" else (*ll.WRIST_HW, 3))
+        w = w.astype(np.uint8)
+        a = eng.step(
+            {
+                "observation.state": np.zeros(4),
+                "observation.images.top": img,
+                "observation.images.wrist": w,
+            }
+        )
+        rgb = (img[..., ::-1] if top == "bgr8" else img).astype(np.float32) / 255
+        wrgb = w[..., None].repeat(3, -1) if wrist == "mono8" else w
+        want = np.concatenate(
+            [
+                rgb.mean((0, 1)),
+                [rgb[0, 1, 0], rgb[1, 0, 2]],
+                (wrgb.astype(np.float32) / 255).mean((0, 1)),
+                [img.min() / 255, img.max() / 255],
+            ]
+        )
+        np.testing.assert_allclose(a[: len(want) - 2], want[:-2], rtol=0, atol=1e-5)
+
+
+def test_chunked_ticks_allocate_nothing():
+    eng = Engine(lerobot_like(), device="cuda", seed=0)
+    obs = stream(eng, 64)
+    run(eng, obs[:16])
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    acts = run(eng, obs * 8)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert np.isfinite(acts).all()

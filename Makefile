@@ -52,8 +52,10 @@ build: venv
 test: setup
 	@$(ENV); python -m pytest -q $(PYTEST_ARGS) test/
 
+## demo: POLICY=builtin:act runs the same story with the visuomotor policy on the sim's camera.
+POLICY ?= builtin:hybrid
 demo: setup
-	@$(ENV); python -m flashrt_ros.demo
+	@$(ENV); python -m flashrt_ros.demo --policy '$(POLICY)'
 
 lint: venv
 	@$(ENV); ruff check $(LINT_PATHS) && ruff format --check $(LINT_PATHS)

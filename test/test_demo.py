@@ -42,7 +42,7 @@ def test_demo_help():
         env=_env(fresh_domain_id()),
     )
     assert r.returncode == 0, r.stderr
-    for opt in ("--out", "--duration", "--rate", "--domain-id"):
+    for opt in ("--out", "--duration", "--rate", "--domain-id", "--policy"):
         assert opt in r.stdout
 
 
@@ -96,6 +96,53 @@ def test_demo_runs_end_to_end(tmp_path):
         assert word in text, r.stdout
 
 
+def test_demo_act_end_to_end(tmp_path):
+    """`--policy builtin:act`: the sim publishes the camera the policy's inputs ask for, the node
+    subscribes it, checkpoint / restore / live branch succeed, the what-if rollouts are skipped
+    (~/rollout takes vectors only) and the PNG holds the camera's snapshots."""
+    _require_rclpy()
+    domain = fresh_domain_id()
+    out = tmp_path / "demo_act"
+    cmd = [sys.executable, "-m", "flashrt_ros.demo", "--policy", "builtin:act", "--out", str(out)]
+    cmd += ["--duration", "8", "--domain-id", str(domain)]
+    try:
+        r = subprocess.run(
+            cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=_env(domain)
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"act demo did not finish within 60 s; output so far:\n{e.stdout}\n{e.stderr}")
+    log = f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert r.returncode == 0, log
+
+    summary = json.loads((out / "summary.json").read_text())
+    pol = summary["policy"]
+    assert pol["spec"] == "builtin:act" and pol["cameras"] == ["top"], pol
+    assert pol["goal_dim"] == 0
+    ops = summary["capsule_ops"]
+    assert [e["kind"] for e in ops if e["kind"] != "list"] == ["checkpoint", "restore", "branch"]
+    assert all(e["success"] for e in ops) and summary["all_ops_ok"] is True, ops
+    ckpt, restore, branch = ops[:3]
+    assert restore["step"] == ckpt["step"] == branch["step"]  # the checkpoint's state, twice
+    assert summary["live_session_end"] == "plan_c"
+    assert summary["rollouts"] == [] and "rollout" in summary["skipped"][0]
+    # goals reach the policy through the camera: each one was followed by fresh frames
+    goals = [e for e in summary["events"] if e["kind"] == "goal"]
+    assert [g["goal"] for g in goals] == ["A", "B", "A", "C"], goals
+    assert all(g["success"] and g["via"] == "camera" for g in goals), goals
+    assert {"queue", "counter"} <= {c["role"] for c in pol["capsule_state"]}
+    assert summary["story_steps"] > 0
+
+    cam = summary["camera_frames"]
+    assert cam["count"] == 5 and cam["drawn"] == cam["count"], cam
+    with np.load(out / cam["file"]) as z:
+        frames = z["frames"]
+    assert frames.shape == (cam["count"], *pol["image_hw"], 3) and frames.dtype == np.uint8
+    assert all(f.std() > 1.0 for f in frames)  # an arm and a goal, not a blank image
+    png = out / "demo.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000, log
+    assert "camera frames" in r.stdout and "skipped" in r.stdout, r.stdout
+
+
 def test_demo_plot_imports_no_ros():
     """The plot re-plots a run on a machine without ROS (e.g. the GPU benchmark machine)."""
     code = (
@@ -111,7 +158,7 @@ def test_demo_plot_imports_no_ros():
 
 
 def test_demo_plot_synthetic(tmp_path):
-    from flashrt_ros.demo.plot import load_run, plot_demo
+    from flashrt_ros.demo.plot import FRAMES_FILE, load_frames, load_run, plot_demo
     from flashrt_ros.demo.trajectory import Trajectory
 
     t = np.linspace(0, 12, 600)
@@ -159,6 +206,18 @@ def test_demo_plot_synthetic(tmp_path):
     trajectory = Trajectory(t=t, q=q, joint_names=[f"j{i}" for i in range(6)])
     png = plot_demo(summary, trajectory, tmp_path / "p.png")
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+    # with camera frames: a row of them; the summary says how many were drawn
+    cam_summary = json.loads(json.dumps(summary))
+    cam_summary["policy"] = {"spec": "builtin:act", "cameras": ["top"], "image_hw": [32, 48]}
+    cam_summary["skipped"] = ["what-if: skipped"]
+    snaps = [{"t": 3.0, "label": "checkpoint"}, {"t": 6.1, "label": "x"}, {"t": 6.2, "label": "y"}]
+    cam_summary["camera_frames"] = {"camera": "top", "count": 3, "drawn": 0, "snapshots": snaps}
+    frames = np.random.default_rng(0).integers(0, 255, (3, 32, 48, 3), dtype=np.uint8)
+    png2 = plot_demo(cam_summary, trajectory, tmp_path / "cam.png", frames=frames)
+    assert png2.read_bytes()[:8] == PNG_MAGIC and cam_summary["camera_frames"]["drawn"] == 3
+    np.savez_compressed(tmp_path / FRAMES_FILE, frames=frames)
+    np.testing.assert_array_equal(load_frames(tmp_path), frames)
 
     # the re-plot path reads back what the demo writes
     trajectory.write_csv(tmp_path / "joint_states.csv")

@@ -2,6 +2,7 @@
 checkpoints, branches, rolls out and restores the policy's execution state while it runs.
 
     make demo                       # = python -m flashrt_ros.demo
+    make demo POLICY=builtin:act    # the visuomotor policy, on the sim arm's camera
     python -m flashrt_ros.demo --out /tmp/demo --duration 30 --rate 50 --domain-id 77
     python -m flashrt_ros.demo.plot OUT_DIR     # re-plot a finished run
 
@@ -24,12 +25,22 @@ process) records joint_states and runs this story, timed as fractions of ``--dur
 Every service call's round-trip time is measured. At the end it prints a summary and writes, in
 ``--out``: demo.png (joint positions, goals, events), summary.json, joint_states.csv (the recorded
 positions) and the logs of both nodes (sim_arm.log, flashrt_node.log).
+
+``--policy`` (default builtin:hybrid) picks the policy the node serves. The demo loads it first
+to read its inputs: for each ``observation.images.<name>`` input the sim arm publishes
+``camera/<name>/image_raw`` (rgb8, the input's height and width: the arm, and the goal drawn as
+a ghost) and the node subscribes it (``cameras``). A policy without a goal input (builtin:act
+reads the goal from the image) gets its goals through the camera only, and with images the
+what-if part (2: try_b / try_c and their rollouts) is skipped, as ``~/rollout`` takes vector
+observations only; the summary says so (story.py). With cameras the planner also snapshots the
+first camera at the story's moments: camera_frames.npz, and a row of frames in demo.png.
 Exit status: 0 when every capsule operation succeeded, 1 otherwise, 2 when the nodes did not
 come up, 130 when interrupted.
 
 Modules: cli (options, main), children (the node subprocesses), planner (the rclpy client),
 story (the scripted checkpoint / branch / rollout / restore), summary (summary.json and the
-printed summary), trajectory (the recorded joint positions, joint_states.csv), plot (demo.png).
+printed summary), trajectory (the recorded joint positions, joint_states.csv), plot (demo.png),
+policy_info (the served policy's cameras and capsule contents, read from the policy).
 This file imports nothing, so ``flashrt_ros.demo.plot`` and ``.trajectory`` load without ROS.
 """
 

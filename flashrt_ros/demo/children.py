@@ -98,8 +98,14 @@ def start_nodes(
     sim_rate_hz: float,
     env: dict[str, str],
     node_env: dict[str, str],
+    policy: str = "builtin:hybrid",
+    cameras: tuple[str, ...] = (),
+    image_hw: tuple[int, int] | None = None,
+    camera_rate_hz: float = 30.0,
 ) -> None:
-    """Start the sim arm, then the policy node (timer trigger at `rate_hz`, commands only).
+    """Start the sim arm, then the policy node (`policy`, timer trigger at `rate_hz`, commands
+    only). With `cameras` (the policy's image inputs, all `image_hw`), the sim publishes
+    camera/<name>/image_raw rgb8 at `camera_rate_hz` and the node subscribes them.
 
     Each is appended to `children` as soon as it runs, so the caller stops whatever started even
     when a later start fails.
@@ -109,7 +115,12 @@ def start_nodes(
         executable("flashrt_node"),
         params_file(),
     )
+    names = "[" + ", ".join(cameras) + "]"
     sim_args = [sys.executable, str(sim_exe), "--ros-args", "-p", f"rate_hz:={sim_rate_hz}"]
+    if cameras:
+        h, w = image_hw or (64, 64)
+        sim_args += ["-p", f"camera_names:={names}", "-p", f"camera_rate_hz:={camera_rate_hz}"]
+        sim_args += ["-p", f"camera_height:={h}", "-p", f"camera_width:={w}"]
     children.append(Child("flashrt_sim_arm", sim_args, out / "sim_arm.log", env))
     node_args = [
         sys.executable,
@@ -118,12 +129,16 @@ def start_nodes(
         "--params-file",
         str(params),
         "-p",
+        f"policy:={policy}",
+        "-p",
         "trigger:=timer",
         "-p",
         f"rate_hz:={float(rate_hz)}",
         "-p",
         "output:=commands",
     ]
+    if cameras:
+        node_args += ["-p", f"cameras:={names}"]
     children.append(Child("flashrt_node", node_args, out / "flashrt_node.log", node_env))
 
 

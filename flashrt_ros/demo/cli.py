@@ -13,12 +13,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from flashrt_ros.demo import DemoError
 from flashrt_ros.demo.children import Child, start_nodes, stop_children
 from flashrt_ros.demo.planner import Planner
-from flashrt_ros.demo.plot import plot_demo
-from flashrt_ros.demo.story import SIM_RATE_HZ, Story
+from flashrt_ros.demo.plot import FRAMES_FILE, plot_demo
+from flashrt_ros.demo.policy_info import DEFAULT_POLICY, PolicyInfo, describe_policy
+from flashrt_ros.demo.story import CAMERA_RATE_HZ, SIM_RATE_HZ, Story
 from flashrt_ros.demo.summary import build_summary, print_summary
+from flashrt_ros.node.params import DEFAULT_JOINTS
 
 DEFAULT_DOMAIN_ID = 77
 DEFAULT_DURATION = 36.0
@@ -32,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "calls checkpoint / branch / rollout / restore; prints a summary, writes a PNG plot "
             "and summary.json."
         ),
+    )
+    ap.add_argument(
+        "--policy",
+        default=DEFAULT_POLICY,
+        help=f"policy spec the node serves (default {DEFAULT_POLICY}); builtin:act reads the "
+        "sim's camera (its image inputs say which cameras and what size)",
     )
     ap.add_argument(
         "--out", type=Path, default=Path("out/demo"), help="output directory (default: ./out/demo)"
@@ -68,6 +78,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _describe(spec: str) -> PolicyInfo:
+    """The policy as the node will load it: its cameras and their size come from its inputs."""
+    print(f"reading {spec}'s inputs (load_policy; torch import takes a second or two) ...")
+    info = describe_policy(spec, n_joints=len(DEFAULT_JOINTS))
+    if info.cameras:
+        h, w = info.image_hw
+        print(
+            f"{spec}: cameras {list(info.cameras)} ({h}x{w} rgb8): the sim publishes "
+            f"camera/<name>/image_raw, the node subscribes them (cameras: {list(info.cameras)})"
+        )
+    return info
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -96,8 +119,26 @@ def main(argv: list[str] | None = None) -> int:
         f"story {args.duration:g} s, output in {out}"
     )
     try:
-        start_nodes(children, out, args.rate, SIM_RATE_HZ, env, node_env)
-        planner = Planner(args.domain_id)
+        info = _describe(args.policy)
+    except DemoError as e:
+        print(f"flashrt demo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    try:
+        start_nodes(
+            children,
+            out,
+            args.rate,
+            SIM_RATE_HZ,
+            env,
+            node_env,
+            policy=info.spec,
+            cameras=info.cameras,
+            image_hw=info.image_hw,
+            camera_rate_hz=CAMERA_RATE_HZ,
+        )
+        planner = Planner(args.domain_id, cameras=info.cameras)
         print("starting flashrt_sim_arm and flashrt_node (torch import takes a few seconds) ...")
         try:
             startup = planner.wait_ready(children, args.startup_timeout)
@@ -109,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         device = (diag_pre or {}).get("device", "?")
         print(f"flashrt node on device {device}; story starts now")
 
-        story = Story(planner, args.duration, args.rate)
+        story = Story(planner, args.duration, args.rate, policy=info)
         diag0 = planner.last_diag() or (time.monotonic(), diag_pre)
         story.run()
         diag1 = planner.wait_fresh_diag(2.5)
         listing = story.list_capsules()
         trajectory = planner.trajectory(story.t0, story.t0 + story.duration + 0.5)
         summary = build_summary(
-            args, story, trajectory, startup, time.monotonic() - wall0, diag0, diag1, listing
+            args, story, trajectory, startup, time.monotonic() - wall0, diag0, diag1, listing, info
         )
     except KeyboardInterrupt:
         print("\nflashrt demo: interrupted; stopping the nodes", file=sys.stderr)
@@ -139,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
 
     # the outputs (nodes already stopped)
     csv = trajectory.write_csv(out / "joint_states.csv")
-    png = plot_demo(summary, trajectory, out / "demo.png")
+    frames = None
+    if story.frames:
+        frames = np.stack(story.frames)
+        np.savez_compressed(out / FRAMES_FILE, frames=frames)
+    png = plot_demo(summary, trajectory, out / "demo.png", frames=frames)
     summary["files"] = {
         "plot": str(png),
         "summary": str(out / "summary.json"),
         "joint_states": str(csv),
         "logs": [str(c.log_path) for c in children],
     }
+    if frames is not None:
+        summary["files"]["camera_frames"] = str(out / FRAMES_FILE)
     summary["wall_s"] = round(time.monotonic() - wall0, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, out)

@@ -1,8 +1,10 @@
 """The demo's planner: rclpy node `flashrt_demo`, the client side of the flashrt node.
 
 It records joint_states, counts commands, keeps the latest diagnostics, publishes goals (and
-waits for the node's echo) and calls the capsule services with their round-trip times. Spun by
-a SingleThreadedExecutor in a background thread, so the story's main thread may block.
+waits for the node's echo, or for the camera) and calls the capsule services with their
+round-trip times. With cameras it keeps the newest camera/<name>/image_raw message of each, for
+snapshots of what the policy saw. Spun by a SingleThreadedExecutor in a background thread, so the
+story's main thread may block.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ Diag = tuple[float, dict | None]  # (monotonic time received, the control loop's
 class Planner:
     """rclpy node `flashrt_demo` in its own rclpy context and DDS domain."""
 
-    def __init__(self, domain_id: int, joints: list[str] = DEFAULT_JOINTS):
+    def __init__(
+        self, domain_id: int, joints: list[str] = DEFAULT_JOINTS, cameras: tuple[str, ...] = ()
+    ):
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.context import Context
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSDurabilityPolicy, QoSProfile
         from rclpy.signals import SignalHandlerOptions
-        from sensor_msgs.msg import JointState
+        from sensor_msgs.msg import Image, JointState
         from std_msgs.msg import Float64MultiArray
 
         from flashrt_ros import srv
@@ -53,7 +57,14 @@ class Planner:
         self.diag: dict | None = None
         self.diag_t = 0.0
         self.goal_echoes: list[list[float]] = []
+        self.cameras = tuple(cameras)
+        self.frames: dict[str, tuple[float, object]] = {}  # camera -> (time received, msg)
+        self.frame_counts = dict.fromkeys(self.cameras, 0)
         n = self.node
+        for cam in self.cameras:
+            n.create_subscription(
+                Image, f"camera/{cam}/image_raw", lambda m, c=cam: self._on_image(c, m), 5
+            )
         n.create_subscription(JointState, "joint_states", self._on_js, 50)
         n.create_subscription(Float64MultiArray, "commands", self._on_cmd, 10)
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
@@ -108,6 +119,11 @@ class Planner:
                 with self.lock:
                     self.diag, self.diag_t = d, time.monotonic()
 
+    def _on_image(self, camera: str, msg) -> None:
+        with self.lock:
+            self.frames[camera] = (time.monotonic(), msg)
+            self.frame_counts[camera] += 1
+
     def _on_echo(self, msg) -> None:
         with self.lock:
             self.goal_echoes.append(list(msg.data))
@@ -128,10 +144,14 @@ class Planner:
         keep = (t >= 0) & (t <= until - since)
         return Trajectory(t=t[keep], q=q[keep], joint_names=list(self.joints))
 
-    def publish_goal(self, goal, timeout: float = 5.0) -> bool:
-        """Publish a goal and wait until the node echoes it on ~/goal_applied."""
+    def publish_goal(self, goal, timeout: float = 5.0, echo: bool = True) -> bool:
+        """Publish a goal and wait until the node echoes it on ~/goal_applied; with
+        echo=False (a policy that sees the goal only in the camera image, where the sim draws
+        it) wait for two camera frames newer than the goal instead."""
         goal = [float(g) for g in goal]
         self.goal_pub.publish(self.Float64MultiArray(data=goal))
+        if not echo:
+            return self.wait_frames(2, timeout) is not None
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             with self.lock:
@@ -139,6 +159,33 @@ class Planner:
                     return True
             time.sleep(0.01)
         return False
+
+    def wait_frames(self, n: int = 1, timeout: float = 2.0) -> tuple[float, object] | None:
+        """The first camera's message after `n` more have arrived (so it was rendered after
+        the call), with the time it was received; None without cameras or after `timeout`."""
+        if not self.cameras:
+            return None
+        cam = self.cameras[0]
+        with self.lock:
+            target = self.frame_counts[cam] + n
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if self.frame_counts[cam] >= target:
+                    return self.frames[cam]
+            time.sleep(0.005)
+        return None
+
+    def snapshot(self, timeout: float = 2.0) -> tuple[float, np.ndarray] | None:
+        """A fresh frame of the first camera as an H x W x 3 uint8 array (rgb8, the sim's
+        encoding), with the time it was received; None when none arrived within `timeout`."""
+        got = self.wait_frames(1, timeout)
+        if got is None:
+            return None
+        t, msg = got
+        h, w = int(msg.height), int(msg.width)
+        rows = np.frombuffer(bytes(msg.data), np.uint8).reshape(h, int(msg.step))
+        return t, rows[:, : 3 * w].reshape(h, w, 3).copy()
 
     def call(self, name: str, /, timeout: float = 15.0, **fields):
         """Call /flashrt/<name>; returns (response, round-trip seconds)."""
@@ -175,12 +222,14 @@ class Planner:
                     del pending[name]
             with self.lock:
                 js, cmds = len(self.js_q), self.n_commands
-            if not pending and js and cmds >= 3:
+                no_image = [c for c in self.cameras if not self.frame_counts[c]]
+            if not pending and js and cmds >= 3 and not no_image:
                 return time.monotonic() - t0
             if time.monotonic() > end:
                 what = [f"services {sorted(pending)}"] if pending else []
                 what += [] if js else ["joint_states"]
                 what += [] if cmds else ["commands"]
+                what += [f"camera/{c}/image_raw" for c in no_image]
                 tails = "\n".join(f"  {c.name} ({c.log_path}):\n{c.log_tail()}" for c in children)
                 raise DemoError(f"not ready after {timeout:.0f} s: no {', '.join(what)}\n{tails}")
             time.sleep(0.05)

@@ -4,10 +4,13 @@
 
 - top: the 6 joint positions (solid) and the goal the live policy was pursuing (dashed, same
   colour per joint), with a vertical line and a label for each capsule operation and goal change;
-- bottom: the distance of the arm to that goal, with the phases of the story shaded.
+- bottom: the distance of the arm to that goal, with the phases of the story shaded;
+- with ``frames`` (a policy with cameras): a row of what the camera saw at the story's moments
+  (numbered like the markers on the time axis), under both.
 
 ``summary`` is the dict the demo writes as summary.json, ``trajectory`` the joint positions it
-recorded (written as joint_states.csv).
+recorded (written as joint_states.csv), ``frames`` the camera snapshots (N, H, W, 3) uint8
+(written as camera_frames.npz), described by ``summary["camera_frames"]["snapshots"]``.
 Re-plot a finished run: ``python -m flashrt_ros.demo.plot OUT_DIR``.
 """
 
@@ -31,6 +34,7 @@ EVENT_COLORS = {
     "restore": "tab:red",
 }
 PHASE_COLORS = ["#dbe9f6", "#fde3c8", "#f6d5d5", "#e3d9f1", "#d9f0d3", "#eeeeee"]
+FRAMES_FILE = "camera_frames.npz"
 
 
 def _clusters(events: list[dict], gap: float) -> list[list[dict]]:
@@ -53,8 +57,12 @@ def _goal_at(segments: list[dict], t: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
-    """Write the figure to `path` (PNG); matplotlib is imported here, so importing is cheap."""
+def plot_demo(
+    summary: dict, trajectory: Trajectory, path: str | Path, frames: np.ndarray | None = None
+) -> Path:
+    """Write the figure to `path` (PNG); matplotlib is imported here, so importing is cheap.
+    With `frames`, the number of camera frames drawn goes to summary["camera_frames"]["drawn"]
+    (when the summary has that entry)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,8 +77,15 @@ def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
     segments = summary["goal_segments"]
     events = [e for e in summary["events"] if e.get("plot", True)]
 
-    fig = plt.figure(figsize=(15, 8.2), constrained_layout=True)
-    gs = fig.add_gridspec(2, 2, width_ratios=[3.3, 1.25], height_ratios=[3, 1.2])
+    cam = summary.get("camera_frames") or {}
+    snaps = cam.get("snapshots") or []
+    n_frames = 0 if frames is None else min(len(frames), len(snaps))
+    if n_frames:
+        fig = plt.figure(figsize=(15, 11.0), constrained_layout=True)
+        gs = fig.add_gridspec(3, 2, width_ratios=[3.3, 1.25], height_ratios=[3, 1.2, 1.6])
+    else:
+        fig = plt.figure(figsize=(15, 8.2), constrained_layout=True)
+        gs = fig.add_gridspec(2, 2, width_ratios=[3.3, 1.25], height_ratios=[3, 1.2])
     ax = fig.add_subplot(gs[0, 0])
     ax2 = fig.add_subplot(gs[1, 0], sharex=ax)
     axt = fig.add_subplot(gs[:, 1])
@@ -128,13 +143,19 @@ def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     plt.setp(ax.get_xticklabels(), visible=False)
     d = summary.get("diagnostics_end", {})
-    ax.set_title(
-        f"flashrt demo: the built-in policy drives the simulated arm at "
-        f"{summary.get('rate_hz', 0):g} Hz; a planner checkpoints, branches, rolls out and "
-        "restores",
-        fontsize=11,
-        loc="left",
-    )
+    pol = summary.get("policy") or {}
+    if pol.get("cameras"):
+        title = (
+            f"flashrt demo: {pol['spec']} drives the simulated arm from its camera at "
+            f"{summary.get('rate_hz', 0):g} Hz; a planner checkpoints, branches and restores"
+        )
+    else:
+        title = (
+            f"flashrt demo: the built-in policy drives the simulated arm at "
+            f"{summary.get('rate_hz', 0):g} Hz; a planner checkpoints, branches, rolls out and "
+            "restores"
+        )
+    ax.set_title(title, fontsize=11, loc="left")
 
     # the table of events, colour-coded like the lines
     y = 1.0
@@ -187,6 +208,9 @@ def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
             f"what-if {r['session']}: distance to {r['goal']} "
             f"{r['start_error_to_goal']:.2f} -> {r['predicted_error_to_goal']:.2f} rad"
         )
+    if summary.get("skipped"):
+        stats.append("what-if rollouts skipped: ~/rollout takes")
+        stats.append("vector observations only (this policy reads images)")
     fe = summary.get("final_error_rad")
     if fe:
         stats.append(f"final distance to goal: {fe['norm']:.3f} rad")
@@ -228,10 +252,68 @@ def plot_demo(summary: dict, trajectory: Trajectory, path: str | Path) -> Path:
     ax2.grid(alpha=0.3)
     ax2.legend(loc="upper right", fontsize=8)
 
+    if n_frames:
+        _draw_frames(fig, gs[2, 0], frames[:n_frames], snaps[:n_frames], cam, ax2)
+        cam["drawn"] = n_frames
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _draw_frames(fig, cell, frames: np.ndarray, snaps: list[dict], cam: dict, ax_time) -> None:
+    """One image per snapshot, left to right, each numbered like its marker on the time axis."""
+    sub = cell.subgridspec(1, len(frames), wspace=0.04)
+    prev_t, level = None, 0
+    t_end = ax_time.get_xlim()[1]
+    for k, (img, snap) in enumerate(zip(frames, snaps, strict=True), start=1):
+        a = fig.add_subplot(sub[0, k - 1])
+        a.imshow(img, interpolation="nearest")
+        a.set_xticks([])
+        a.set_yticks([])
+        a.set_title(f"[{k}] {snap['t']:.1f} s\n{snap['label']}", fontsize=8.5)
+        if k == (len(frames) + 1) // 2:
+            a.set_xlabel(
+                f"what {cam.get('topic', 'the camera')} showed ({cam.get('height', '?')}x"
+                f"{cam.get('width', '?')} rgb8, enlarged): the arm in grey, the goal as a "
+                "coloured ghost",
+                fontsize=8.5,
+                color="0.3",
+            )
+        # a marker on the time axis; labels of close snapshots stacked, not overlapping
+        close = prev_t is not None and snap["t"] - prev_t < 0.04 * t_end
+        level = level + 1 if close else 0
+        prev_t = snap["t"]
+        ax_time.annotate(
+            f"[{k}]",
+            (snap["t"], 0.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 5 + 9 * level),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+            color="tab:blue",
+        )
+        ax_time.plot(
+            [snap["t"]],
+            [0.0],
+            marker="^",
+            color="tab:blue",
+            ms=6,
+            transform=ax_time.get_xaxis_transform(),
+            clip_on=False,
+        )
+
+
+def load_frames(out_dir: str | Path) -> np.ndarray | None:
+    """camera_frames.npz of a demo run (N, H, W, 3) uint8, None when the run had no camera."""
+    f = Path(out_dir) / FRAMES_FILE
+    if not f.is_file():
+        return None
+    with np.load(f) as z:
+        return z["frames"]
 
 
 def load_run(out_dir: str | Path) -> tuple[dict, Trajectory]:
@@ -245,4 +327,5 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print("usage: python -m flashrt_ros.demo.plot OUT_DIR   (re-plots OUT_DIR/demo.png)")
         sys.exit(0 if len(sys.argv) == 2 else 2)
-    print(plot_demo(*load_run(sys.argv[1]), Path(sys.argv[1]) / "demo.png"))
+    out_dir = Path(sys.argv[1])
+    print(plot_demo(*load_run(out_dir), out_dir / "demo.png", frames=load_frames(out_dir)))

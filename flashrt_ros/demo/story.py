@@ -1,6 +1,15 @@
 """The demo's script: goal A, checkpoint, branch and roll out B and C, goal B, a (simulated)
 failure, restore, then a live branch to C. Times are fractions of ``--duration``; every step is
-recorded as an event (for the summary and the plot) and said on stdout."""
+recorded as an event (for the summary and the plot) and said on stdout.
+
+A policy that reads the goal from the camera (goal_dim 0, e.g. builtin:act) changes three
+things: the goals are for the sim to draw (the planner waits for fresh frames, not for the
+node's echo); after the restore and the live branch the planner publishes goal A, then C, again
+so that the camera shows the goal the story pursues (the capsule holds no goal; the same for any
+policy with cameras); the branches carry no goal. And the what-if part (branch to try_b / try_c
+and ``~/rollout`` them) is skipped when the policy reads images: ~/rollout takes vector
+observations only. With cameras, the story also snapshots the first camera at each of its
+moments (checkpoint, failure, restored, plan_c, end) for the plot."""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from flashrt_ros.demo.planner import Planner
+from flashrt_ros.demo.policy_info import PolicyInfo
 from flashrt_ros.sim.dynamics import ArmModel
 
 GOALS = {
@@ -23,15 +33,28 @@ T_FAILURE = 0.45
 T_PLAN_C = 0.58
 ROLLOUT_HORIZON_S = 1.0
 SIM_RATE_HZ = 100.0  # the arm model's dt (0.01 s), as the built-in policy was trained
+CAMERA_RATE_HZ = 30.0  # the sim's camera rate, when the policy has cameras
 
 
 class Story:
     """Runs the script against the node through `planner`; t = 0 is its construction."""
 
     def __init__(
-        self, planner: Planner, duration: float, rate_hz: float, log: Callable = print
+        self,
+        planner: Planner,
+        duration: float,
+        rate_hz: float,
+        log: Callable = print,
+        policy: PolicyInfo | None = None,
     ) -> None:
         self.p = planner
+        # the built-in hybrid policy's shape when not told: goal in the node, no cameras
+        self.takes_goal = policy.takes_goal if policy else True
+        self.visual = policy.visual if policy else False
+        self.policy_spec = policy.spec if policy else "builtin:hybrid"
+        # the goal the camera shows follows the story (restore, live branch) when the policy
+        # sees it there, or has no goal input at all
+        self.redraw_goals = self.visual or not self.takes_goal
         self.duration = duration
         self.rate_hz = rate_hz
         self.log = log
@@ -39,6 +62,9 @@ class Story:
         self.events: list[dict] = []
         self.goal_segments: list[dict] = []
         self.rollouts: list[dict] = []
+        self.skipped: list[str] = []  # parts of the story left out for this policy, and why
+        self.frames: list[np.ndarray] = []  # camera snapshots (H x W x 3 uint8)
+        self.snapshots: list[dict] = []  # their time and label, one per frame
         self.end: float | None = None
 
     def now(self) -> float:
@@ -58,12 +84,34 @@ class Story:
         return ev
 
     def goal(self, name: str, segment_label: str | None = None) -> None:
-        """Publish goal `name` and start a goal segment (the plot's dashed lines)."""
-        ok = self.p.publish_goal(GOALS[name])
+        """Publish goal `name` and start a goal segment (the plot's dashed lines). A policy
+        without a goal input sees it in the camera image: then wait for the sim's frames."""
+        t = round(self.now(), 4)
+        ok = self.p.publish_goal(GOALS[name], echo=self.takes_goal)
         label = segment_label or f"goal {name}"
-        self._event("goal", f"goal {name}", goal=name, success=ok)
-        self.goal_segments.append({"t": self.events[-1]["t"], "goal": GOALS[name], "label": label})
-        self.say(f"goal {name} {GOALS[name]}" + ("" if ok else "  (not echoed by the node!)"))
+        self.events.append(
+            {"t": t, "kind": "goal", "label": f"goal {name}", "goal": name, "success": ok}
+        )
+        if not self.takes_goal:
+            self.events[-1]["via"] = "camera"
+        self.goal_segments.append({"t": t, "goal": GOALS[name], "label": label})
+        if self.takes_goal:
+            note = "" if ok else "  (not echoed by the node!)"
+        else:
+            note = " (drawn by the sim in the camera image" + ("" if ok else ": no frame!") + ")"
+        self.say(f"goal {name} {GOALS[name]}{note}")
+
+    def snap(self, label: str) -> None:
+        """A fresh frame of the first camera, kept for the plot (no cameras: nothing)."""
+        if not self.visual:
+            return
+        got = self.p.snapshot()
+        if got is None:
+            self.say(f"camera snapshot {label!r}: no frame within 2 s")
+            return
+        t_rx, frame = got
+        self.frames.append(frame)
+        self.snapshots.append({"t": round(t_rx - self.t0, 4), "label": label})
 
     def op(self, kind: str, label: str, service: str, plot: bool = True, **fields) -> object:
         """Call a capsule service and record it with its round trip and the step it took."""
@@ -193,6 +241,7 @@ class Story:
     def run(self) -> None:
         self.goal("A")
         self.sleep_until(T_CHECKPOINT)
+        self.snap("checkpoint (goal A)")
         self.say("planner: about to change the goal; checkpoint first")
         self.op(
             "checkpoint",
@@ -203,6 +252,59 @@ class Story:
             pin=True,
             persist=False,
         )
+        if self.visual:
+            why = (
+                f"what-if (branch to try_b / try_c, ~/rollout each): skipped, ~/rollout takes "
+                f"vector observations only and {self.policy_spec} also reads camera images"
+            )
+            self.skipped.append(why)
+            self.say(why)
+        else:
+            self.whatif()
+        self.goal("B")
+        self.sleep_until(T_FAILURE)
+        self._event("failure", "move to B FAILED (simulated)")
+        self.say("simulated failure: the move to B is declared failed")
+        self.snap("move to B failed")
+        self.op(
+            "restore",
+            'restore "before_goal_b" (verify)',
+            "restore",
+            capsule="before_goal_b",
+            session="",
+            verify=True,
+        )
+        if self.redraw_goals:  # the camera still shows B: the sim must draw A again
+            self.goal("A", "restored: goal A")
+        else:
+            self.goal_segments.append(
+                {"t": self.events[-1]["t"], "goal": GOALS["A"], "label": "restored: goal A"}
+            )
+        self.snap("restored (goal A)")
+        self.sleep_until(T_PLAN_C)
+        goal_c = [float(x) for x in GOALS["C"]] if self.takes_goal else []
+        self.op(
+            "branch",
+            "branch -> plan_c (goal C, live)" if self.takes_goal else "branch -> plan_c (live)",
+            "branch",
+            capsule="before_goal_b",
+            session="plan_c",
+            activate=True,
+            goal=goal_c,
+        )
+        if self.redraw_goals:
+            self.goal("C", "plan_c: goal C")
+        else:
+            self.goal_segments.append(
+                {"t": self.events[-1]["t"], "goal": GOALS["C"], "label": "plan_c: goal C"}
+            )
+        self.snap("plan_c live (goal C)")
+        self.sleep_until(1.0)
+        self.snap("end")
+        self.end = self.now()
+
+    def whatif(self) -> None:
+        """Branch the checkpoint into try_b and try_c with goals B and C, roll both out."""
         self.say("planner: compare the alternatives B and C on forks of the checkpoint")
         for g in ("B", "C"):
             self.op(
@@ -216,33 +318,3 @@ class Story:
             )
         for session, g in (("try_b", "B"), ("try_c", "C")):
             self.rollout(session, g, ROLLOUT_HORIZON_S)
-        self.goal("B")
-        self.sleep_until(T_FAILURE)
-        self._event("failure", "move to B FAILED (simulated)")
-        self.say("simulated failure: the move to B is declared failed")
-        self.op(
-            "restore",
-            'restore "before_goal_b" (verify)',
-            "restore",
-            capsule="before_goal_b",
-            session="",
-            verify=True,
-        )
-        self.goal_segments.append(
-            {"t": self.events[-1]["t"], "goal": GOALS["A"], "label": "restored: goal A"}
-        )
-        self.sleep_until(T_PLAN_C)
-        self.op(
-            "branch",
-            "branch -> plan_c (goal C, live)",
-            "branch",
-            capsule="before_goal_b",
-            session="plan_c",
-            activate=True,
-            goal=[float(x) for x in GOALS["C"]],
-        )
-        self.goal_segments.append(
-            {"t": self.events[-1]["t"], "goal": GOALS["C"], "label": "plan_c: goal C"}
-        )
-        self.sleep_until(1.0)
-        self.end = self.now()

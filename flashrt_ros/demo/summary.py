@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from flashrt_ros.demo.planner import Diag
-from flashrt_ros.demo.story import GOALS, Story
+from flashrt_ros.demo.policy_info import PolicyInfo
+from flashrt_ros.demo.story import CAMERA_RATE_HZ, GOALS, Story
 from flashrt_ros.demo.trajectory import Trajectory
 
 
@@ -30,8 +31,10 @@ def build_summary(
     diag0: Diag,
     diag1: Diag,
     listing,
+    policy: PolicyInfo | None = None,
 ) -> dict:
-    """Everything summary.json holds: plain JSON data (the trajectory goes to its own CSV)."""
+    """Everything summary.json holds: plain JSON data (the trajectory goes to its own CSV and
+    the camera frames, when the policy has cameras, to camera_frames.npz)."""
     q = trajectory.q
     goal = np.asarray(story.goal_segments[-1]["goal"]) if story.goal_segments else np.zeros(6)
     final_q = q[-1] if len(q) else np.full(6, np.nan)
@@ -86,6 +89,29 @@ def build_summary(
         "live_session_end": listing.live_session if listing is not None else None,
         "pool_bytes_used": int(listing.pool_bytes_used) if listing is not None else None,
         "pool_bytes_total": int(listing.pool_bytes_total) if listing is not None else None,
+        "policy": policy.as_dict() if policy is not None else None,
+        "skipped": list(story.skipped),
+        "story_refused_inputs": int(_f(d1, "refused_inputs", 0.0) - _f(d0, "refused_inputs", 0.0)),
+        "camera_frames": _frames(story, policy),
+    }
+
+
+def _frames(story: Story, policy: PolicyInfo | None) -> dict | None:
+    """The camera snapshots: which camera, when, what moment (the pixels are in
+    camera_frames.npz; `drawn` is set by the plot)."""
+    if policy is None or not policy.visual:
+        return None
+    h, w = policy.image_hw
+    return {
+        "camera": policy.cameras[0],
+        "topic": f"camera/{policy.cameras[0]}/image_raw",
+        "height": h,
+        "width": w,
+        "rate_hz": CAMERA_RATE_HZ,
+        "count": len(story.frames),
+        "drawn": 0,
+        "file": "camera_frames.npz",
+        "snapshots": list(story.snapshots),
     }
 
 
@@ -129,9 +155,13 @@ def print_summary(s: dict, out: Path) -> None:
         )
         if not e["success"]:
             p(f"           -> {e['message']}")
-    p("  * rollout: p50 per call; one call per predicted policy step (commit=True into the fork)")
+    if s["rollouts"]:
+        foot = "one call per predicted policy step (commit=True into the fork)"
+        p(f"  * rollout: p50 per call; {foot}")
     p("")
     p("what-if rollouts from the checkpoint (closed loop on the arm model, the robot untouched):")
+    for why in s.get("skipped", []):
+        p(f"  {why}")
     for r in s["rollouts"]:
         p(
             f"  {r['session']} (goal {r['goal']}): predicted final target "
@@ -156,14 +186,54 @@ def print_summary(s: dict, out: Path) -> None:
         f"final joint error to the active goal ({s['active_goal']}): norm {fe['norm']:.3f} rad, "
         f"max {fe['max_abs']:.3f} rad"
     )
+    cam = s.get("camera_frames")
+    if cam:
+        p("")
+        p(
+            f"camera frames   {cam['count']} snapshots of {cam['topic']} ({cam['height']}x"
+            f"{cam['width']} rgb8, {cam['rate_hz']:g} Hz), {cam['drawn']} drawn in demo.png: "
+            + ", ".join(f"{x['t']:.1f} s {x['label']}" for x in cam["snapshots"])
+        )
     p("")
+    pol = s.get("policy") or {}
+    if pol.get("cameras") or (pol and not pol.get("goal_dim")):
+        _note_visual(s, pol)
+    else:
+        _note_hybrid()
+    p("")
+    p(
+        f"files: {out / 'demo.png'}, {out / 'summary.json'}, {out / 'joint_states.csv'}, "
+        + (f"{out / cam['file']}, " if cam else "")
+        + f"node logs in {out}"
+    )
+
+
+def _note_hybrid() -> None:
+    p = print
     p("note: restore rewinds the policy's execution state (observation history / KV ring,")
     p("recurrent and convolution state, action queue, goal, step counter) to the checkpoint, byte")
     p("for byte. It does not move the robot: the arm stayed where the failed move to B left it,")
     p("and the restored policy, pursuing goal A again, steered it from there. The branch into")
     p("plan_c then forked the same capsule with goal C and made that session live.")
-    p("")
-    p(
-        f"files: {out / 'demo.png'}, {out / 'summary.json'}, {out / 'joint_states.csv'}, "
-        f"node logs in {out}"
-    )
+
+
+def _note_visual(s: dict, pol: dict) -> None:
+    """What the story means for a policy that sees the goal in its camera (builtin:act)."""
+    p = print
+    regions = [c for c in pol.get("capsule_state", []) if c["nbytes"]]
+    held = ", ".join(f"{c['name']} {tuple(c['shape'])} ({c['role']})" for c in regions)
+    roles = {c["role"] for c in regions}
+    p(f"note: {pol['spec']} ({pol['policy_id']}): its capsule holds {held}.")
+    if "queue" in roles:
+        p("The queue regions are the temporal-ensembling state (ACT's running sums of the")
+        p("overlapping chunks) or the action queue: a restore brings back the blended plan too.")
+    if "history" not in roles:
+        p("No observation history: the policy observes one step (n_obs_steps 1).")
+    p("restore (verify) checked the live arena's bytes against the capsule's checksum after the")
+    p("copy, so the policy continued from the checkpoint's state byte for byte. It does not move")
+    p("the robot: the arm stayed where the failed move to B left it.")
+    if not pol.get("goal_dim"):
+        p("The policy reads the goal from the camera image (goal_dim 0): goals go to the sim,")
+        p("which draws them; the capsule holds none, so the planner published goal A again after")
+        p("the restore and goal C after the live branch to plan_c. The node refuses `goal` for")
+        p(f"this policy ({s.get('story_refused_inputs', '?')} refused inputs during the story).")

@@ -43,6 +43,7 @@ def arena_step(
 
 
 _fused_step = None
+RECOMPILE_LIMIT = 64  # compiled variants of the step per process (policies x tick kinds)
 
 
 def fused_step():
@@ -52,6 +53,15 @@ def fused_step():
     skip in-place state."""
     global _fused_step
     if _fused_step is None:
+        # Each (policy, tick kind) is one compiled variant of arena_step. Past dynamo's limit
+        # (8) it would silently run the step uncompiled, and a session captured then would give
+        # other float results than its twin: a branch would no longer continue bit for bit
+        # (seen on the H200 with several policies in one process). Raise the limit, and fail
+        # loudly rather than fall back.
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        if hasattr(cfg, "fail_on_recompile_limit_hit"):
+            cfg.fail_on_recompile_limit_hit = True
         _fused_step = torch.compile(arena_step, dynamic=False)
     return _fused_step
 

@@ -154,6 +154,23 @@ class ImageStats(nn.Module):
         return a[:, None]
 
 
+def expected_stats(img, wrist, top_enc: str, wrist_enc: str):
+    """What ImageStats must return for these wire images (numpy, float32): the reference the
+    runtime's upload and conversion (layout, scale, channel order) are checked against."""
+    import numpy as np
+
+    rgb = (img[..., ::-1] if top_enc == "bgr8" else img).astype(np.float32) / 255
+    wrgb = wrist[..., None].repeat(3, -1) if wrist_enc == "mono8" else wrist
+    return np.concatenate(
+        [
+            rgb.mean((0, 1)),
+            [rgb[0, 1, 0], rgb[1, 0, 2]],  # (c, h, w) = (0, 0, 1) and (2, 1, 0)
+            (wrgb.astype(np.float32) / 255).mean((0, 1)),
+            [rgb.min(), rgb.max()],
+        ]
+    )
+
+
 class Impure(LeRobotLike):
     """Draws its own noise: two calls on the same inputs differ."""
 

@@ -181,16 +181,7 @@ def test_images_reach_the_module_as_float_chw_in_0_1_in_rgb_order(top, wrist):
             "observation.images.wrist": w,
         }
     )
-    rgb = (img[..., ::-1] if top == "bgr8" else img).astype(np.float32) / 255
-    wrgb = w[..., None].repeat(3, -1) if wrist == "mono8" else w
-    want = np.concatenate(
-        [
-            rgb.mean((0, 1)),
-            [rgb[0, 1, 0], rgb[1, 0, 2]],  # (c, h, w) = (0, 0, 1) and (2, 1, 0)
-            (wrgb.astype(np.float32) / 255).mean((0, 1)),
-            [0.0, 1.0],
-        ]
-    )
+    want = ll.expected_stats(img, w, top, wrist)
     np.testing.assert_allclose(a, want, rtol=0, atol=1e-6)
 
 

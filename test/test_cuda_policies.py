@@ -106,17 +106,8 @@ def test_images_are_uploaded_and_converted_inside_the_graph(top, wrist):
                 "observation.images.wrist": w,
             }
         )
-        rgb = (img[..., ::-1] if top == "bgr8" else img).astype(np.float32) / 255
-        wrgb = w[..., None].repeat(3, -1) if wrist == "mono8" else w
-        want = np.concatenate(
-            [
-                rgb.mean((0, 1)),
-                [rgb[0, 1, 0], rgb[1, 0, 2]],
-                (wrgb.astype(np.float32) / 255).mean((0, 1)),
-                [img.min() / 255, img.max() / 255],
-            ]
-        )
-        np.testing.assert_allclose(a[: len(want) - 2], want[:-2], rtol=0, atol=1e-5)
+        want = ll.expected_stats(img, w, top, wrist)
+        np.testing.assert_allclose(a, want, rtol=0, atol=1e-5)
 
 
 def test_chunked_ticks_allocate_nothing():

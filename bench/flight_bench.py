@@ -6,9 +6,10 @@ and what a rewind costs against a restore (no ROS needed).
 Prints and writes DIR/flight.json: {"flight": row of builtin:hybrid, "variants": [row of the
 ~2 MB-state variant], "checks": {...}}. Step times are host wall time per Engine.step (which
 waits for the device), with flight_ticks=0 and flight_ticks=N timed interleaved, tick by tick,
-in one process. Rewind and restore are host wall time of the call plus a stream sync, each after
-one untimed step, on the same engine. Exits 1 when a rewind's continuation is not bit-identical
-to the original run, or a ring slot is not the state it claims to hold.
+in one process, each engine going first on every other tick. Rewind and restore are host wall
+time of the call plus a stream sync, each after one untimed step, on the same engine. Exits 1
+when a rewind's continuation is not bit-identical to the original run, or a ring slot is not
+the state it claims to hold.
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ def measure(spec: dict, device: str, ticks: int, iters: int, warmup: int, sync) 
         on.step(o)
     t_off, t_on = np.empty(iters), np.empty(iters)
     diff = 0.0
-    for i, o in enumerate(obs[warmup:]):  # interleaved: both see the same machine state
+    for i, o in enumerate(obs[warmup:]):  # interleaved: both see the same machine state,
+        first, second = (off, on) if i % 2 == 0 else (on, off)  # and each goes first half the time
         t0 = time.perf_counter()
-        a = off.step(o)
+        a = first.step(o)
         t1 = time.perf_counter()
-        b = on.step(o)
+        b = second.step(o)
         t2 = time.perf_counter()
-        t_off[i], t_on[i] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
+        d1, d2 = (t1 - t0) * 1e6, (t2 - t1) * 1e6
+        t_off[i], t_on[i] = (d1, d2) if first is off else (d2, d1)
         diff = max(diff, float(np.abs(a - b).max()))
     # rewind vs restore on the same engine, each after one untimed step
     cap = on.checkpoint()

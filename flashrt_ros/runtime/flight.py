@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 import torch
 
-from flashrt_ros.cuda.copy import copy_now
+from flashrt_ros.cuda.copy import copy_bytes
 from flashrt_ros.errors import BadRequest, UnknownReference
 
 
@@ -81,11 +81,10 @@ class FlightRing:
         """buf <- the state after `step` (< current), one copy; the steps older than `step`
         stay held, the newer ones are gone (the next steps overwrite their slots)."""
         self.lo = self.held(current).start
-        src = self.row(step)
-        if buf.is_cuda:
-            copy_now(buf, src)  # issued directly: a cached graph per slot would crowd the cache
-        else:
-            buf.copy_(src)
+        # the same path as a restore (a cached one-node graph per buffer pair, at a third of the
+        # host cost of issuing the copy directly): rewinds are rare, and the graph cache is LRU
+        # bounded, so the slots a planner rewinds to stay cheap without crowding anything out
+        copy_bytes(buf, self.row(step))
 
 
 def held_step(held: range, step: object, session: str) -> int:

@@ -14,8 +14,11 @@ in a fresh ROS_DOMAIN_ID with LOCALHOST discovery) and measures from a client in
       command (p50/p99);
   (c) Checkpoint / Restore / ListCapsules round trips while the node runs the timer at 500 Hz;
   (d) start-up, first: seconds from spawning the node (timer trigger at 500 Hz, joint_states
-      already streaming) to the first command received, cold (TORCHINDUCTOR_CACHE_DIR and
-      TRITON_CACHE_DIR a new empty folder) then warm (the same folder again);
+      already streaming) to the first command received, cold (compile_cache_dir, and
+      TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, a new empty folder) then warm (the same
+      folder again);
+  (f) the flight recorder: the 1 kHz timer for --seconds-flight with `flight_ticks: 1000` and
+      without ("flight_1khz": rate, overruns, node and client jitter p99, node step p50);
   (e) the bare-rclpy floors (bench/ros_floors.py, separate processes with plain rclpy nodes),
       measured with the same client code: a JointState -> Float64MultiArray echo (as (b)), a
       ListCapsules service answering at once (as (c)), a timer thread at 500 Hz and 1 kHz with the
@@ -418,13 +421,19 @@ def latency_summary(lat_cb: list, lat_rx: list) -> dict:
 
 # ------------------------------------------------------------------------------------------------
 def run_timer(
-    ros, args, rate: float, seconds: float, services: bool, offset: float = 0.0
+    ros,
+    args,
+    rate: float,
+    seconds: float,
+    services: bool,
+    offset: float = 0.0,
+    extra: dict | None = None,
 ) -> tuple[dict, dict | None]:
     """One timer-trigger node at `rate`: command rate and jitter; optionally service round trips.
-    `offset` is the node's publish_offset_s."""
+    `offset` is the node's publish_offset_s; `extra` more node parameters."""
     proc, startup = start_node(
         ros,
-        node_params(args, trigger="timer", rate_hz=rate, publish_offset_s=offset),
+        node_params(args, trigger="timer", rate_hz=rate, publish_offset_s=offset, **(extra or {})),
         args.startup_timeout,
     )
     cl = Client(ros, proc)
@@ -686,6 +695,33 @@ def run_camera(ros, args, n: int, warm: int = 20) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# the flight recorder at 1 kHz: the same timer run with and without flight_ticks
+FLIGHT_TICKS = 1000
+
+
+def flight_row(row: dict) -> dict:
+    """The figures of a 1 kHz timer row that the flight recorder could move."""
+    n = row.get("node") or {}
+    return {
+        "achieved_hz": row["achieved_hz"],
+        "seconds": row["seconds"],
+        "overruns": n.get("overruns_in_window"),
+        "node_jitter_p99_us": n.get("jitter_p99_us"),
+        "client_jitter_p99_us": row["period_jitter_p99_us"],
+        "node_step_p50_us": n.get("step_p50_us"),
+        "cpu_pct": row.get("cpu_pct"),
+    }
+
+
+def flight_summary(with_rec: dict | None, without: dict | None) -> dict:
+    """flight_1khz: the recorder's run beside the plain one, and the step's difference."""
+    out = {"flight_ticks": FLIGHT_TICKS, "rate_hz": 1000.0, "with": with_rec, "without": without}
+    a, b = dig(with_rec, "node_step_p50_us"), dig(without, "node_step_p50_us")
+    out["step_p50_cost_us"] = _diff(a, b)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # start-up: spawn -> first command, timer trigger, observations already streaming
 def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: float = 500.0):
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
@@ -718,7 +754,10 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
         )
         t0 = time.monotonic()
         proc = launch_node(
-            node_params(args, trigger="timer", rate_hz=rate), log_dir=log_dir, env=env
+            # the node points both caches at <compile_cache_dir>/<fingerprint> itself
+            node_params(args, trigger="timer", rate_hz=rate, compile_cache_dir=str(cache_dir)),
+            log_dir=log_dir,
+            env=env,
         )
         ros.processes.append(proc)
         end = t0 + args.startup_timeout
@@ -976,6 +1015,12 @@ def main() -> int:
         default=0.0004,
         help="also run the service rate with this publish_offset_s (0 = skip)",
     )
+    ap.add_argument(
+        "--seconds-flight",
+        type=float,
+        default=None,
+        help="window of the 1 kHz runs with and without flight_ticks: 1000 (10; quick 3; 0 = skip)",
+    )
     ap.add_argument("--no-floors", action="store_true", help="skip the bare-rclpy floors")
     ap.add_argument(
         "--camera-policy",
@@ -998,10 +1043,15 @@ def main() -> int:
     q = args.quick
     args.seconds = args.seconds or (3.0 if q else 10.0)
     args.seconds_1khz = args.seconds_1khz or (5.0 if q else 60.0)
+    if args.seconds_flight is None:
+        args.seconds_flight = 3.0 if q else 10.0
     args.obs_samples = args.obs_samples or (200 if q else 2000)
     args.service_calls = args.service_calls or (30 if q else 200)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     log_dir = args.log_dir or args.out.parent / "ros_logs"
+    if args.policy.startswith("test."):  # a test policy (test/tiny_policy.py): importable there
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
 
     from test.ros_helpers import HAVE_RCLPY, NODE_EXECUTABLE, RCLPY_IMPORT_ERROR, ros_harness
 
@@ -1060,6 +1110,16 @@ def main() -> int:
         if r is not None:
             offset_rows.append(r[0])
     obs = attempt("observation", run_observation, args, args.obs_samples)
+    flight = None
+    if args.seconds_flight > 0:
+        got = {}
+        for key, extra in (("without", {}), ("with", {"flight_ticks": FLIGHT_TICKS})):
+            r = attempt(
+                f"flight 1 kHz {key}", run_timer, args, 1000.0, args.seconds_flight, False, 0.0,
+                extra,
+            )  # fmt: skip
+            got[key] = flight_row(r[0]) if r is not None else None
+        flight = flight_summary(got["with"], got["without"])
     cam = attempt("camera", run_camera, args, args.camera_samples or (30 if q else 500))
 
     if not args.no_floors:
@@ -1092,6 +1152,7 @@ def main() -> int:
         },
         "floors": floors,
         "start": starts,
+        "flight_1khz": flight,
         "node_diagnostics": {str(int(r["target_hz"])): r["node"] for r in rows},
         "startup_s": {
             **{f"timer_{int(r['target_hz'])}": r["startup_s"] for r in rows},
@@ -1147,6 +1208,16 @@ def print_table(r: dict) -> None:
             f"| {label} start | first command {st['first_command_s']} s after spawn "
             f"(cache files {st['cache_dir_files_before']} -> {st['cache_dir_files_after']}) |"
         )
+    fl = r.get("flight_1khz")
+    for key in ("without", "with"):
+        f = (fl or {}).get(key)
+        if f:
+            print(
+                f"| 1 kHz, flight_ticks {fl['flight_ticks'] if key == 'with' else 0}, "
+                f"{f['seconds']} s | achieved {f['achieved_hz']} Hz, overruns {f['overruns']}, "
+                f"node jitter p99 {f['node_jitter_p99_us']} us, client jitter p99 "
+                f"{f['client_jitter_p99_us']} us, node step p50 {f['node_step_p50_us']} us |"
+            )
     print("\n| figure | ours | bare-rclpy floor | ours - floor |\n|---|---|---|---|")
     for k, v in r["vs_floor"].items():
         print(f"| {k} | {v['ours']} | {v['floor']} | {v['ours_minus_floor']} |")

@@ -35,8 +35,8 @@ from flashrt_ros.node.cameras import Cameras, match_policy, parse_cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
-from flashrt_ros.node.polled import PolledGroup, take
-from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
+from flashrt_ros.node.polled import PolledGroup, Waiter, take
+from flashrt_ros.node.services import CapsuleServices, Control, ServiceHost, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.policies.base import IMAGE_PREFIX
@@ -67,8 +67,13 @@ class FlashrtNode(LifecycleNode):
         self._cams: Cameras | None = None  # camera/<name>/image_raw (cameras.py)
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
-        self.capsule_services = CapsuleServices(self.control, self, self._cb_services)
-        self.flight = FlightServices(self.control, self, self._cb_services)
+        self._waiter: Waiter | None = None  # observation trigger: joint_states off the executor
+        self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
+        self.process_t0: float | None = None  # monotonic time the process started (main.py)
+        # the services on a node of their own, spun by main.py on a thread of its own
+        self.service_host = ServiceHost(self)
+        self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
+        self.flight = FlightServices(self.control, self.service_host, self._cb_services)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
@@ -98,6 +103,7 @@ class FlashrtNode(LifecycleNode):
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
             cfg = params.read(self)
+            t_load = time.monotonic()
             policy = load_policy(cfg.policy, weights=cfg.weights or None)
             mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit)
             if policy.action_dim != mapper.n or policy.obs_dim != 2 * mapper.n:
@@ -118,6 +124,7 @@ class FlashrtNode(LifecycleNode):
                 max_sessions=cfg.max_sessions,  # the rollout scratch session is not counted
                 obs_limit=cfg.obs_limit,
                 flight_ticks=cfg.flight_ticks,
+                compile_cache_dir=cfg.compile_cache_dir or None,
                 image_encodings={
                     IMAGE_PREFIX + name: enc for name, enc in cameras.items() if enc is not None
                 },
@@ -153,11 +160,22 @@ class FlashrtNode(LifecycleNode):
                 "joint_states",
                 self._on_joint_states,
                 qos_profile_sensor_data if cfg.trigger == "timer" else 100,
-                # timer mode: the control thread takes joint_states itself (polled.py says why)
-                callback_group=self._polled if cfg.trigger == "timer" else self._cb_inputs,
+                # timer mode: the control thread takes joint_states itself (polled.py says why);
+                # observation mode without cameras: a Waiter thread does (polled.py)
+                callback_group=self._polled
+                if cfg.trigger == "timer" or not cameras
+                else self._cb_inputs,
             ),
         ]
         self._js_sub = self._subs[1]
+        if cfg.trigger == "observation" and not cameras:
+            self._waiter = Waiter(
+                self._js_sub,
+                self._on_joint_states,
+                self._on_tick_error,
+                self.context,
+                "flashrt-observations",
+            ).start()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
@@ -165,6 +183,13 @@ class FlashrtNode(LifecycleNode):
             f"trigger {cfg.trigger}, {len(engine.capsules())} capsules reloaded, "
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
+        )
+        self.startup["policy load"] = t0 - t_load
+        self.startup.update({f"engine {k}": v for k, v in engine.build_s.items()})
+        self.get_logger().info(
+            "start-up: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())
+            + f"; compile cache {engine.compile_cache or 'torch default'}"
         )
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.
@@ -231,6 +256,9 @@ class FlashrtNode(LifecycleNode):
         return super().on_shutdown(state)
 
     def _release(self) -> None:
+        if self._waiter is not None:
+            self._waiter.stop()
+            self._waiter = None
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None
@@ -365,6 +393,9 @@ class FlashrtNode(LifecycleNode):
                 pass
         if self._pub_cmd is not None:
             self._pub_cmd.publish(command_msg(action))
+        if self.process_t0 is not None:  # the first command of the process: say when
+            t, self.process_t0 = self.process_t0, None
+            self.get_logger().info(f"first command {time.monotonic() - t:.2f} s after start")
         if chunk is not None:
             stamp = self.get_clock().now().to_msg()
             self._pub_traj.publish(
@@ -412,6 +443,8 @@ class FlashrtNode(LifecycleNode):
                 "stale_s": f"{st.stale_s:.2f}",
                 "service_p50_us": f"{st.service_us.pct(50):.1f}",
                 "service_p99_us": f"{st.service_us.pct(99):.1f}",
+                "service_lock_wait_p50_us": f"{st.lock_wait_us.pct(50):.1f}",
+                "service_lock_wait_p99_us": f"{st.lock_wait_us.pct(99):.1f}",
                 "step_errors": str(st.step_errors),
                 "last_error": st.last_error,
                 "faults": str(st.faults),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 USAGE = """usage: flashrt_node [--ros-args -p NAME:=VALUE ... --params-file FILE]
@@ -72,11 +74,37 @@ def _check_parameters(argv: Sequence[str]) -> None:
         probe.destroy_node()
 
 
+def _spin(executor) -> None:
+    """spin() until the executor or the context is shut down."""
+    from rclpy.executors import ExternalShutdownException, ShutdownException
+
+    try:
+        executor.spin()
+    except (ExternalShutdownException, ShutdownException, KeyboardInterrupt):
+        pass
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 elsewhere), so the start-up log
+    counts the interpreter's own start too."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def main(args: Sequence[str] | None = None) -> int:
     argv = list(sys.argv if args is None else args)
     if any(a in ("-h", "--help") for a in argv[1:]) and "--ros-args" not in argv:
         print(usage())
         return 0
+    t_start = time.monotonic() - process_age_s()
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts)
 
@@ -96,13 +124,17 @@ def main(args: Sequence[str] | None = None) -> int:
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
         print(f"flashrt_node: error: {e}", file=sys.stderr)
         return 2
-    node = executor = None
+    node = executor = services = None
     try:
         try:
             _check_parameters(argv)  # before the slow imports: a bad parameter fails at once
-            from flashrt_ros.node.flashrt_node import FlashrtNode
+            t_imports = time.monotonic()
+            from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
+            node.process_t0 = t_start
+            node.startup["process + rclpy"] = t_imports - t_start
+            node.startup["imports"] = time.monotonic() - t_imports
         except ParamError as e:
             log = get_logger("flashrt")
             for line in e.problems:
@@ -113,6 +145,12 @@ def main(args: Sequence[str] | None = None) -> int:
         # each a commit boundary (Python's MultiThreadedExecutor measured 25x slower round trips).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
+        # The services' node on an executor and a thread of their own (services.py says why).
+        services = SingleThreadedExecutor()
+        services.add_node(node.service_host.node)
+        threading.Thread(
+            target=_spin, args=(services,), name="flashrt-services", daemon=True
+        ).start()
         if node.get_parameter("autostart").value:
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
@@ -125,10 +163,12 @@ def main(args: Sequence[str] | None = None) -> int:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
         if node is not None and node.active and node._loop is not None:
             node._loop.stop()
-        if executor is not None:
-            executor.shutdown(timeout_sec=1.0)
+        for ex in (services, executor):
+            if ex is not None:
+                ex.shutdown(timeout_sec=1.0)
         if node is not None:
             node.capsule_services.close()
+            node.service_host.destroy()
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()

@@ -655,6 +655,14 @@ NODE_PARAMS = ParamTable(
             "folder for persisted capsules, reloaded at configure ('' = none)",
         ),
         Param(
+            "compile_cache_dir",
+            "~/.cache/flashrt_ros/compile",
+            "string",
+            "inductor's and Triton's kernel caches go to <this>/<engine fingerprint>, so a warm "
+            "start reuses compiled kernels and another policy or weights never meets them "
+            "('' = torch's defaults)",
+        ),
+        Param(
             "max_sessions",
             4,
             "integer",

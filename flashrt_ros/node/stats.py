@@ -44,6 +44,7 @@ class LoopStats:
         self.faults_reported = 0  # faults already shown by a /diagnostics message
         self.tick_times = Ring(8192)  # monotonic times of recent steps
         self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
+        self.lock_wait_us = Ring(512)  # of that, waiting for the engine lock
 
     def add_fault(self, text: str, step_error: bool = False) -> None:
         with self.lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,26 @@ SPIN_WAIT_S = 0.002  # a step's wait polls (holding the GIL) up to this long, th
 
 
 SCRATCH = "_scratch"  # the internal what-if session: not listed, not counted in max_sessions
+
+
+def use_compile_cache(folder: str | Path | None, key: str) -> Path | None:
+    """Point inductor's and Triton's on-disk caches at `folder/key` (created); None leaves
+    them alone. Both read their environment variable when they first compile or look up, so
+    this must run before the first compile in the process (the Engine calls it before it
+    builds any session). Keyed by the engine fingerprint: another policy, weights or layout
+    gets another folder."""
+    if folder is None or folder == "":
+        return None
+    if not isinstance(folder, str | Path):
+        raise BadRequest(f"compile_cache_dir must be a path or None, got {folder!r}")
+    path = Path(folder).expanduser() / key
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadRequest(f"compile_cache_dir {str(folder)!r}: cannot create {path}: {e}") from e
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    return path
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -128,6 +149,7 @@ class Engine:
         obs_limit: float = 1000.0,
         flight_ticks: int = 0,
         image_encodings: dict[str, str] | None = None,
+        compile_cache_dir: str | Path | None = None,
     ):
         """`use_graph` captures the step as a CUDA graph (CUDA only); `fuse` compiles it with
         inductor before capture (default: on CUDA when capturing) so the graph holds fewer,
@@ -136,6 +158,9 @@ class Engine:
         refused like a NaN. `image_encodings` maps image inputs to their camera encoding
         ("rgb8" | "bgr8" | "mono8"; default rgb8 for 3 channels, mono8 for 1): the captured step
         converts each to the policy's RGB float layout, so the host only copies the bytes.
+        `compile_cache_dir` (None: torch's defaults) points inductor's and Triton's on-disk caches
+        at `<compile_cache_dir>/<fingerprint>` before anything is compiled, so a warm start
+        reuses the kernels of this policy, weights and layout only, never a stale artifact.
         Every argument is checked before anything is allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
@@ -180,6 +205,9 @@ class Engine:
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
+        self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
+        self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log
+        t_build = time.perf_counter()
         try:
             self.pool = CapsulePool(
                 self.state_nbytes, self.device, capsule_slots, host_capsule_slots
@@ -202,10 +230,17 @@ class Engine:
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
         )
+        t = time.perf_counter()
+        self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
+        t, t0 = time.perf_counter(), t
+        self.build_s["compile_capture"] = t - t0  # the main session: compile, warm-up, capture
         if on_cuda:  # build the checksum kernel now, not during the first checkpoint request
             device_checksum(main.arena.buf)
+        t, t0 = time.perf_counter(), t
+        self.build_s["checksum_kernel"] = t - t0
         self.store.reload(self.load_capsule, room=self.pool.free_slots)
+        self.build_s["reload"] = time.perf_counter() - t
 
     # -- sessions ----------------------------------------------------------------------------------
     @property

@@ -31,13 +31,14 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
-from flashrt_ros.node.cameras import Cameras, match_policy, parse_cameras
+from flashrt_ros.node.cameras import Cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, Waiter, take
 from flashrt_ros.node.services import CapsuleServices, Control, ServiceHost, pool_bytes
 from flashrt_ros.node.stats import LoopStats
+from flashrt_ros.obs.images import match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.policies.base import IMAGE_PREFIX
 from flashrt_ros.policies.loader import load_policy

@@ -145,17 +145,19 @@ def main(args: Sequence[str] | None = None) -> int:
         # each a commit boundary (Python's MultiThreadedExecutor measured 25x slower round trips).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
-        # The services' node on an executor and a thread of their own (services.py says why).
-        services = SingleThreadedExecutor()
-        services.add_node(node.service_host.node)
-        threading.Thread(
-            target=_spin, args=(services,), name="flashrt-services", daemon=True
-        ).start()
         if node.get_parameter("autostart").value:
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
                 return 2
             node.trigger_activate()
+        # The services' node on an executor and a thread of their own (services.py says why),
+        # spun only now: a client that got an answer knows the autostart transitions are done
+        # (the node steps on what it is sent next), as when the services shared the executor.
+        services = SingleThreadedExecutor()
+        services.add_node(node.service_host.node)
+        threading.Thread(
+            target=_spin, args=(services,), name="flashrt-services", daemon=True
+        ).start()
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.obs.images import CAMERA_RE
 
 DEFAULT_JOINTS = [f"joint{i}" for i in range(1, 7)]
 
@@ -561,7 +562,6 @@ def _node_cross(v: Mapping[str, Any]) -> list[str]:
 
 NAME_RE, NAME_TEXT = r"[A-Za-z0-9_]+", "letters, digits and _"
 # a camera: a ROS name token (it becomes part of camera/<name>/image_raw), then an encoding
-CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8))?"
 
 NODE_PARAMS = ParamTable(
     [

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashrt_ros.obs.keys import IMAGE_PREFIX, STATE_KEY  # noqa: F401  (LeRobot's names)
+
 ROLES = (
     "kv",
     "recurrent",
@@ -20,8 +22,6 @@ ROLES = (
     "history",
 )
 
-STATE_KEY = "observation.state"  # LeRobot's names, which dict observations use
-IMAGE_PREFIX = "observation.images."
 INPUT_KINDS = ("vector", "image")
 
 

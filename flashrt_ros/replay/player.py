@@ -148,10 +148,10 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
 class EngineDriver:
     """Offline: the same schedule straight into an Engine (no DDS). For a policy with image
     inputs, each step gets a dict observation: the state and the newest valid image of each
-    camera, checked by the node's own checks (node/cameras.py image_array)."""
+    camera, checked by the node's own checks (obs/images.py image_array)."""
 
     def __init__(self, engine):
-        from flashrt_ros.node.cameras import camera_key, image_names
+        from flashrt_ros.obs.images import camera_key, image_names
 
         self.engine = engine
         self._key = camera_key
@@ -166,7 +166,7 @@ class EngineDriver:
 
     def image(self, event: InputEvent) -> str:
         from flashrt_ros.errors import BadRequest
-        from flashrt_ros.node.cameras import image_array
+        from flashrt_ros.obs.images import image_array
 
         s = self._spec.get(event.camera)
         if s is None:

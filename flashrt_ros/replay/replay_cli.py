@@ -179,7 +179,7 @@ def _same_cameras(bag: list[str], served: list[str], who: str) -> None:
 
 def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = None):
     from flashrt_ros import Engine, load_policy
-    from flashrt_ros.node.cameras import camera_key, parse_cameras
+    from flashrt_ros.obs.images import camera_key, parse_cameras
 
     cams = parse_cameras([c for c in a.cameras.split(",") if c]) if a.cameras else {}
     engine = Engine(

@@ -167,6 +167,18 @@ def _rollout(policy, goals: np.ndarray, q0: np.ndarray, steps: int) -> np.ndarra
     return np.linalg.norm(goals - np.stack([a.q for a in arms]), axis=1)
 
 
+def _expert_rollout(goals: np.ndarray, q0: np.ndarray, steps: int) -> np.ndarray:
+    """Final L2 goal errors of ArmModels driven by the expert, which knows the goals."""
+    out = []
+    for goal, q in zip(goals, q0, strict=True):
+        arm = ArmModel()
+        arm.reset(q)
+        for _ in range(steps):
+            arm.step(arm.expert_action(goal))
+        out.append(np.linalg.norm(goal - arm.q))
+    return np.array(out)
+
+
 def test_trained_act_reaches_held_out_goals(act):
     if not ACT_WEIGHTS.is_file():
         pytest.skip("no trained act weights")
@@ -175,9 +187,13 @@ def test_trained_act_reaches_held_out_goals(act):
     q0 = rng.uniform(-2.0, 2.0, (4, 6))
     err = _rollout(act, goals, q0, 300)
     nothing = np.linalg.norm(goals - q0, axis=1)
-    # shipped weights: ~0.83 of doing nothing here (see weights/README.md); the expert reaches
-    # the goals exactly given time. Generous bound: clearly moving toward the seen goals.
-    assert np.median(err) < 0.9 * np.median(nothing), (err, nothing)
+    expert = _expert_rollout(goals, q0, 300)
+    # shipped weights (see weights/README.md): median 0.38 of doing nothing after 300 steps,
+    # within 0.03 rad of the expert (itself at 0.37: its per-step change is bounded) on every
+    # goal. Bounds with margin: the policy reads the goal from the image about as well as the
+    # expert knows it.
+    assert np.median(err) < 0.5 * np.median(nothing), (err, nothing)
+    assert np.all(err < expert + 0.15), (err, expert)
 
 
 class _Flat(torch.nn.Module):

@@ -24,7 +24,11 @@ to read the image.
 
 Loss: L1 between predicted and expert chunks, relative to the current joint positions and
 divided by the per-step spread of the expert's chunks (the module's ``action_std`` buffer), plus
-an auxiliary L1 read-back of the goal from the encoder's latent token (a training-only head).
+the module's goal read-back: L1 of its keypoints against the ghost chain's joint pixels
+(``ArmCamera.joints_xy``) and wrapped L1 of the read-back joint angles against the goal.
+Curriculum: for the first ``--teacher-frac`` of training a decreasing share of the rows (1 -> 0)
+feeds the decoder the true goal (plus 0.03 rad noise) instead of the read-back, so the control
+law is learned while the keypoints are still poor; the read-back is trained throughout.
 Adam, cosine learning rate, gradient clip 1.0. Then a closed-loop check on held-out goals: the
 model drives the arm from rendered images + joint state with LeRobot-style temporal ensembling
 (coefficient 0.01, every step), compared with the expert and with doing nothing.
@@ -181,8 +185,7 @@ def train(args) -> tuple[ACTPolicy, dict]:
     policy.train()
     cam = ArmCamera(*c.image_hw)
     arms = Arms(rng, args.arms, c.chunk_size, args.near_frac)
-    aux = torch.nn.Linear(c.dim_model, N)  # training only: not part of the module
-    opt = torch.optim.Adam([*policy.parameters(), *aux.parameters()], lr=args.lr)
+    opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda i: (
@@ -203,11 +206,24 @@ def train(args) -> tuple[ACTPolicy, dict]:
         g = np.concatenate([arms.goal[idx], ig])
         target = torch.tensor(expert_chunks(q, dq, g, c.chunk_size), dtype=torch.float32)
         batch = make_batch(cam, q, dq, g)
-        mem, pos = policy.encode(batch)
+        # the goal read back from the image: keypoints supervised with the ghost's joints
+        kp, goal_hat = policy.read_goal(batch)
+        kp_true = torch.tensor(cam.joints_xy(g), dtype=torch.float32)
+        kp_loss = (kp - kp_true).abs().mean()  # pixels
+        g_t = torch.tensor(g, dtype=torch.float32)
+        err = goal_hat - g_t
+        goal_loss = torch.atan2(err.sin(), err.cos()).abs().mean()  # rad per joint
+        # curriculum: early on the decoder is often given the true goal (slightly noised)
+        p_tf = max(0.0, 1.0 - it / max(1.0, args.teacher_frac * args.steps))
+        tf = torch.tensor(rng.random(args.batch) < p_tf)[:, None]
+        noisy = g_t + torch.tensor(rng.normal(0.0, 0.03, g.shape), dtype=torch.float32)
+        mem, pos = policy.encode(batch, goal=torch.where(tf, noisy, goal_hat))
         pred = policy.decode(mem, pos, batch["observation.state"])
-        goal_hat = aux(mem[:, 0])  # auxiliary: the goal read back from the encoder memory
-        aux_loss = (goal_hat - torch.tensor(g / HI, dtype=torch.float32)).abs().mean()
-        loss = ((pred - target) / scale).abs().mean() + args.aux_weight * aux_loss
+        loss = (
+            ((pred - target) / scale).abs().mean()
+            + args.kp_weight * kp_loss
+            + args.aux_weight * goal_loss
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -218,12 +234,13 @@ def train(args) -> tuple[ACTPolicy, dict]:
         arms.plan_age[idx[drive]] = 0
         with torch.no_grad():
             rmse0 = ((pred[:, 0] - target[:, 0]) ** 2).mean().sqrt().item()
-        hist.append((loss.item(), rmse0, aux_loss.item() * HI))
+        hist.append((loss.item(), rmse0, goal_loss.item(), kp_loss.item()))
         if (it + 1) % args.log_every == 0 or it + 1 == args.steps:
             h = np.mean(hist[-args.log_every :], 0)
             print(
                 f"step {it + 1:5d}/{args.steps}  loss {h[0]:.4f}  first-action rmse "
-                f"{h[1] * 1000:.1f} mrad  goal read-back {h[2]:.3f} rad  dagger {frac:.2f}  "
+                f"{h[1] * 1000:.1f} mrad  goal read-back {h[2]:.3f} rad ({h[3]:.2f} px)  "
+                f"teacher {p_tf:.2f}  dagger {frac:.2f}  "
                 f"lr {sched.get_last_lr()[0]:.1e}  {time.time() - t0:.0f}s",
                 flush=True,
             )
@@ -241,6 +258,8 @@ def train(args) -> tuple[ACTPolicy, dict]:
         "parameters": count_parameters(policy),
         "final_loss": float(final[0]),
         "final_first_action_rmse_rad": float(final[1]),
+        "final_goal_readback_error_rad": float(final[2]),
+        "final_keypoint_error_px": float(final[3]),
         "eval_goals": int(args.eval_arms),
         "eval_steps": int(args.eval_steps),
         **{f"eval_{k}_median_error_rad": float(np.median(v)) for k, v in ev.items()},
@@ -272,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy-frac", type=float, default=0.3, help="final DAgger share")
     p.add_argument("--iid-frac", type=float, default=0.5, help="batch share of i.i.d. states")
     p.add_argument("--aux-weight", type=float, default=1.0, help="goal read-back loss weight")
+    p.add_argument("--kp-weight", type=float, default=1.0, help="keypoint loss weight (px)")
+    p.add_argument(
+        "--teacher-frac", type=float, default=0.3, help="true-goal curriculum length (share)"
+    )
     p.add_argument("--near-frac", type=float, default=0.6, help="episodes starting near goal")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

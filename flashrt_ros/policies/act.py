@@ -7,6 +7,13 @@ inference as in ACT) and a state token they feed a transformer encoder; a decode
 ``chunk_size`` learned queries cross-attends to it and a linear head gives the action chunk.
 Post-norm layers with DETR-style positions added to queries and keys, as in ACT.
 
+Size "sim" adds a goal read-back (``goal_chain`` links, 0 disables it): a small CoordConv branch
+with a spatial-softmax keypoint head finds the joints of the goal's ghost chain in the first
+camera's image (expected x/y of one softmax map per joint), the goal's joint angles follow from
+the directions of successive links (atan2, wrapped), and they enter the encoder as a goal token
+(goal and goal - q). It is computed from the image inside ``predict_action_chunk``: the goal is
+never an input. Training supervises the keypoints with the ghost's joint pixels.
+
 ``predict_action_chunk(batch)`` is pure: no queues, no randomness, static shapes, no host syncs.
 Action chunking and temporal ensembling are the runtime's job; the config only says how
 (``n_action_steps``, ``temporal_ensemble_coeff``).
@@ -77,6 +84,12 @@ class ACTConfig:
     latent_dim: int = 32
     # actions are predicted relative to the current joint positions (state[:, :action_dim])
     relative_actions: bool = True
+    # goal read-back (0: none): a keypoint branch (CoordConv convs + spatial softmax) finds the
+    # goal_chain + 1 joints of the goal's planar chain in the first camera's image; the angles
+    # between successive links are the goal's joint angles, fed to the decoder as a goal token
+    goal_chain: int = 6
+    keypoint_channels: tuple[int, ...] = (24, 32, 32)
+    keypoint_strides: tuple[int, ...] = (2, 1, 1)  # 64x64 images -> 32x32 keypoint maps
 
     @property
     def input_features(self) -> dict[str, PolicyFeature]:
@@ -108,6 +121,7 @@ ACT_SIZES: dict[str, dict] = {
         n_decoder_layers=1,
         dropout=0.1,
         relative_actions=False,
+        goal_chain=0,
     ),
 }
 # overrides that leave the trained weights valid (they change only how the runtime uses them)
@@ -169,6 +183,35 @@ class _DecoderLayer(nn.Module):
         return self.n3(x + self.drop(self.ffn(x)))
 
 
+class ChainReadout(nn.Module):
+    """Reads a planar chain of ``n`` links (the sim camera's goal ghost) from an image: CoordConv
+    convs give ``n + 1`` keypoint maps, a spatial softmax their expected pixel positions (x right,
+    y down; pixel centres at integers, as flashrt_ros.sim.camera draws them), and the link angles
+    follow: link i points along (-sin, -cos) of theta_i = q_0 + ... + q_i, so q_i is the wrapped
+    difference of successive link directions. Pure: convs, softmax, atan2, no branching."""
+
+    def __init__(self, n: int, image_hw, channels, strides):
+        super().__init__()
+        self.n = n
+        self.net = SmallConvEncoder(tuple(channels), n + 1, tuple(strides))
+        fh, fw = feature_hw(self.net, image_hw)
+        h, w = image_hw
+        ys = (torch.arange(fh, dtype=torch.float32) + 0.5) * h / fh - 0.5  # cell centres, pixels
+        xs = (torch.arange(fw, dtype=torch.float32) + 0.5) * w / fw - 0.5
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        self.register_buffer("grid", torch.stack([gx.ravel(), gy.ravel()], -1), persistent=False)
+
+    def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keypoints (B, n + 1, 2) in pixels, joint angles (B, n)) from images in [0, 1]."""
+        att = torch.softmax(self.net(img).flatten(2), -1)  # (B, n + 1, HW)
+        kp = att @ self.grid.to(att.dtype)
+        d = kp[:, 1:] - kp[:, :-1]
+        theta = torch.atan2(-d[..., 0], -d[..., 1])  # absolute link angles (B, n)
+        prev = F.pad(theta[:, :-1], (1, 0))
+        rel = theta - prev
+        return kp, torch.atan2(rel.sin(), rel.cos())
+
+
 class ACTPolicy(nn.Module):
     """See the module docstring. Normalization lives in buffers: ``state_mean/std``,
     ``image_mean/std`` (ImageNet's by default, as LeRobot's ACT), ``action_mean/std``
@@ -202,7 +245,14 @@ class ACTPolicy(nn.Module):
         self.camera_embed = nn.Parameter(torch.zeros(len(c.cameras), d))
         self.latent_proj = nn.Linear(c.latent_dim, d)
         self.state_proj = nn.Linear(c.state_dim, d)
-        self.token_pos = nn.Parameter(torch.zeros(2, d))  # latent, state
+        self.readout = None
+        if c.goal_chain:
+            self.readout = ChainReadout(
+                c.goal_chain, c.image_hw, c.keypoint_channels, c.keypoint_strides
+            )
+            self.goal_proj = nn.Linear(2 * c.goal_chain, d)
+        n_tok = 3 if c.goal_chain else 2
+        self.token_pos = nn.Parameter(torch.zeros(n_tok, d))  # latent, state (, goal)
         self.encoder = nn.ModuleList(_EncoderLayer(c) for _ in range(c.n_encoder_layers))
         self.decoder = nn.ModuleList(_DecoderLayer(c) for _ in range(c.n_decoder_layers))
         self.decoder_norm = nn.LayerNorm(d)
@@ -216,14 +266,28 @@ class ACTPolicy(nn.Module):
         self.register_buffer("action_mean", torch.zeros(c.chunk_size, c.action_dim))
         self.register_buffer("action_std", torch.ones(c.chunk_size, c.action_dim))
 
-    def encode(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transformer-encoder memory (B, 2 + cameras x tokens, dim_model) and its positions."""
+    def read_goal(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The goal chain read from the first camera: (keypoints (B, n + 1, 2) in pixels,
+        joint angles (B, n)). Only when ``goal_chain`` > 0."""
+        img = history(batch[IMAGE_PREFIX + self.config.cameras[0]], 3, 1)[:, -1]
+        return self.readout(img)
+
+    def encode(
+        self, batch: dict[str, torch.Tensor], goal: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transformer-encoder memory (B, 2 [+ 1] + cameras x tokens, dim_model) and its
+        positions. ``goal`` (B, goal_chain) replaces the read-back (training only)."""
         c = self.config
         state = history(batch[STATE_KEY], 1, 1)[:, -1]
         b = state.shape[0]
         s = (state - self.state_mean) / self.state_std
         latent = self.latent_proj.bias.expand(b, 1, -1)  # the projection of a zero latent
         tokens = [latent, self.state_proj(s)[:, None]]
+        if self.readout is not None:
+            if goal is None:
+                goal = self.read_goal(batch)[1]
+            q = state[:, : c.goal_chain]
+            tokens.append(self.goal_proj(torch.cat([goal, goal - q], -1))[:, None])
         pos = [self.token_pos]
         for i, cam in enumerate(c.cameras):
             img = history(batch[IMAGE_PREFIX + cam], 3, 1)[:, -1]

@@ -39,10 +39,11 @@ POLICIES = {
     "builtin:act": lambda: builtin("builtin:act"),
     "builtin:diffusion": lambda: builtin("builtin:diffusion"),
 }
-# inductor-fused capture (what the node serves) for builtin:act; the diffusion UNet captures its
-# eager kernels here to keep the GPU run short (bench/policies_bench.py times both), and the test
-# module counts its calls in a Python int, which dynamo guards on (a new variant per traced call)
-FUSE = {"lerobot_like": False, "builtin:act": True, "builtin:diffusion": False}
+# builtin:act as the node serves it (its default: unfused, see loader.py); the diffusion UNet
+# captures its eager kernels here to keep the GPU run short (bench/policies_bench.py times both),
+# and the test module counts its calls in a Python int, which dynamo guards on (a new variant per
+# traced call)
+FUSE = {"lerobot_like": False, "builtin:act": None, "builtin:diffusion": False}  # None: its default
 
 
 def stream(eng: Engine, n: int, seed: int = 0) -> list[dict]:

@@ -85,6 +85,10 @@ class Policy(torch.nn.Module):
     takes_dict: bool = False
     # The captured variants of a tick (one graph each); tick_kind picks one per tick.
     tick_kinds: tuple[str, ...] = ("step",)
+    # Whether the Engine compiles the step with inductor before capturing it, unless told
+    # otherwise. False captures the eager kernels: for a policy whose compiled step was seen to
+    # differ from its eager one.
+    fuse_default: bool = True
 
     def input_spec(self) -> list[InputSpec]:
         """The observation inputs; the default is one vector of obs_dim floats, so a policy

@@ -198,7 +198,9 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if on_cuda else None
         self._done = torch.cuda.Event() if on_cuda else None
-        self.fuse = bool(use_graph and on_cuda if fuse is None else fuse and on_cuda)
+        if fuse is None:
+            fuse = use_graph and getattr(policy, "fuse_default", True)
+        self.fuse = bool(fuse and on_cuda)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)

@@ -36,6 +36,8 @@ def check_ticks(x: object) -> int:
 
 def check_int(x: object, what: str) -> int:
     """A step count or step number: an int (numpy ints too), never a bool or a string."""
+    if type(x) is int:  # the usual case, without the ABC check (a rewind is on a planner's path)
+        return x
     if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Integral):
         raise BadRequest(f"{what} must be an integer, got {type(x).__name__} {x!r}")
     return int(x)
@@ -59,6 +61,7 @@ class FlightRing:
         # int64 words for the captured write; `rows` are the same bytes for copies and capsules
         self.words = torch.zeros((self.ticks, nbytes // 8), dtype=torch.int64, device=device)
         self.rows = self.words.view(torch.uint8)
+        self._slots = list(self.rows)  # one view per slot, made once: indexing costs ~1 us a call
         self.lo = 0  # oldest step of the current line of steps
 
     @property
@@ -75,7 +78,7 @@ class FlightRing:
 
     def row(self, step: int) -> torch.Tensor:
         """The slot holding the state a step started from, i.e. the state after `step`."""
-        return self.rows[step % self.ticks]
+        return self._slots[step % self.ticks]
 
     def rewind(self, step: int, current: int, buf: torch.Tensor) -> None:
         """buf <- the state after `step` (< current), one copy; the steps older than `step`

@@ -25,25 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.checks import obs_stream  # noqa: E402
+from bench.timing import p as pct  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 
 
 def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
-
-
-def obs_stream(n: int, seed: int = 0) -> np.ndarray:
-    """Smooth joint positions and velocities (well inside obs_limit = 1000)."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(n)[:, None] * 0.01
-    f = rng.uniform(0.2, 1.0, 6)
-    q = 0.8 * np.sin(2 * np.pi * f * t)
-    dq = 0.8 * 2 * np.pi * f * np.cos(2 * np.pi * f * t)
-    return np.concatenate([q, dq], 1)
-
-
-def pct(a, q: float) -> float:
-    return round(float(np.percentile(np.asarray(a), q)), 2)
 
 
 def make_sync(device: str):
@@ -89,6 +77,20 @@ def check_rewind(spec: dict, device: str, ticks: int, steps: int, ks: list[int],
 
 
 # -- timing --------------------------------------------------------------------------------------
+def timed_after_step(e: Engine, obs: np.ndarray, op, sync) -> np.ndarray:
+    """Host wall time in microseconds of ``op()`` plus a sync, each after one untimed step of
+    ``e`` on the next of ``obs``."""
+    out = np.empty(len(obs))
+    for i, o in enumerate(obs):
+        e.step(o)
+        sync()
+        t0 = time.perf_counter()
+        op()
+        sync()
+        out[i] = (time.perf_counter() - t0) * 1e6
+    return out
+
+
 def measure(spec: dict, device: str, ticks: int, iters: int, warmup: int, sync) -> dict:
     off, on = engine(spec, device, 0), engine(spec, device, ticks)
     obs = obs_stream(warmup + iters, seed=1)
@@ -110,28 +112,9 @@ def measure(spec: dict, device: str, ticks: int, iters: int, warmup: int, sync) 
     # rewind vs restore on the same engine, each after one untimed step
     cap = on.checkpoint()
     extra = obs_stream(iters, seed=2)
-    t_rw, t_rs, t_rsv = np.empty(iters), np.empty(iters), np.empty(iters)
-    for i, o in enumerate(extra):
-        on.step(o)
-        sync()
-        t0 = time.perf_counter()
-        on.rewind(1)
-        sync()
-        t_rw[i] = (time.perf_counter() - t0) * 1e6
-    for i, o in enumerate(extra):
-        on.step(o)
-        sync()
-        t0 = time.perf_counter()
-        on.restore(cap.id, verify=False)
-        sync()
-        t_rs[i] = (time.perf_counter() - t0) * 1e6
-    for i, o in enumerate(extra):
-        on.step(o)
-        sync()
-        t0 = time.perf_counter()
-        on.restore(cap.id, verify=True)
-        sync()
-        t_rsv[i] = (time.perf_counter() - t0) * 1e6
+    t_rw = timed_after_step(on, extra, lambda: on.rewind(1), sync)
+    t_rs = timed_after_step(on, extra, lambda: on.restore(cap.id, verify=False), sync)
+    t_rsv = timed_after_step(on, extra, lambda: on.restore(cap.id, verify=True), sync)
     return {
         "policy": spec["name"],
         "state_nbytes": on.state_nbytes,
@@ -176,14 +159,13 @@ def main() -> int:
     if not device.startswith("cuda"):
         cases = cases[:1]
     steps, ring = (12, 5) if quick else (150, 64)  # steps > ring: the checks cross a wrap
-    for label, kw in cases:
-        r = check_rewind(base, device, ring, steps, [1, 2, ring - 1], **kw)
-        checks[f"hybrid_{label}"] = r
+    runs = [(f"hybrid_{label}", base, [1, 2, ring - 1], kw) for label, kw in cases]
+    runs.append(("variant_default", variant, [1, ring - 1], {}))
+    for name, spec, ks, kw in runs:
+        r = check_rewind(spec, device, ring, steps, ks, **kw)
+        checks[name] = r
         ok = ok and r["rewind_continuation_identical"] and r["slots_match_snapshots"]
-        log(label, r)
-    r = check_rewind(variant, device, ring, steps, [1, ring - 1])
-    checks["variant_default"] = r
-    ok = ok and r["rewind_continuation_identical"] and r["slots_match_snapshots"]
+        log(name, r)
     rows = []
     for spec in (base, variant):
         rows.append(measure(spec, device, ticks, iters, warmup, sync))

@@ -16,7 +16,7 @@ import numpy as np
 
 from flashrt_ros.runtime.engine import Engine
 from test.node_client import NodeClient
-from test.ros_helpers import REPO_ROOT
+from test.ros_helpers import REPO_ROOT, preserved_environ
 from test.tiny_policy import tiny, tiny_other
 
 TINY = "test.tiny_policy:tiny"
@@ -50,8 +50,7 @@ def _cache_line(proc, timeout: float = 30.0) -> str:
 
 
 def test_engine_compile_cache_keyed_by_fingerprint(tmp_path: Path) -> None:
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    try:
+    with preserved_environ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # Engine sets them
         a = Engine(tiny(), device="cpu", compile_cache_dir=tmp_path)
         assert a.compile_cache == tmp_path / a.fingerprint
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / a.fingerprint / "inductor")
@@ -63,12 +62,6 @@ def test_engine_compile_cache_keyed_by_fingerprint(tmp_path: Path) -> None:
         )
         assert Engine(tiny(), device="cpu").compile_cache is None
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.fingerprint, b.fingerprint])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_node_compile_cache_folder_per_policy(ros, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ any image and one image of the wrong size among them.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,7 @@ from flashrt_ros.replay.bagdiff_cli import main as bagdiff
 from flashrt_ros.replay.replay_cli import main as replay
 from flashrt_ros.sim.camera import ArmCamera
 from test.node_client import JOINTS, NodeClient
-from test.ros_helpers import REPO_ROOT
+from test.ros_helpers import importable_tests
 from test.test_node_cameras import CAMERAS, SPEC, H, W
 
 N_JS = 24
@@ -25,17 +23,10 @@ N_JS = 24
 
 @pytest.fixture(scope="module")
 def node(ros_module):
-    old = os.environ.get("PYTHONPATH")  # the node imports the test policy from this repository
-    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
-    try:
+    with importable_tests():
         proc = ros_module.start_node(
             {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS}
         )
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
     client = NodeClient(ros_module, proc)
     assert client.call("checkpoint", name="origin", pin=True).success
     return client

@@ -38,7 +38,6 @@ Writes ``{"config", "state_dict", "meta"}`` (torch.load(weights_only=True)).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import math
 import sys
 import time
@@ -51,7 +50,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from train_hybrid import GOAL_MARGIN, HI, LO, BatchArm, N, batch_expert, new_episode  # noqa: E402
+from train_hybrid import (  # noqa: E402
+    GOAL_MARGIN,
+    HI,
+    LO,
+    BatchArm,
+    N,
+    batch_expert,
+    new_episode,
+    run_meta,
+    write_weights,
+)
 
 from flashrt_ros.policies.act import ACT_WEIGHTS, ACTConfig, ACTPolicy  # noqa: E402
 from flashrt_ros.policies.visuomotor_common import count_parameters  # noqa: E402
@@ -303,22 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
     policy, summary = train(args)
-    meta = {
-        "trainer": "tools/train_act.py",
-        "method": "behaviour cloning of expert chunks from sim camera images + state, DAgger",
-        "command": "python tools/train_act.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
-        "torch": str(torch.__version__),
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        **summary,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().clone().contiguous() for k, v in policy.state_dict().items()}
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    torch.save({"config": policy.config.to_dict(), "state_dict": sd, "meta": meta}, tmp)
-    tmp.replace(out)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
+    meta = run_meta(
+        "tools/train_act.py",
+        "behaviour cloning of expert chunks from sim camera images + state, DAgger",
+        args,
+    )
+    write_weights(Path(args.out), policy, policy.config.to_dict(), {**meta, **summary})
     return 0
 
 

@@ -303,6 +303,31 @@ def train(args) -> dict:
     return policy, summary
 
 
+def run_meta(trainer: str, method: str, args: argparse.Namespace, **fields) -> dict:
+    """The start of a weights file's meta: the trainer, the method, the command that reproduces
+    the run (all but --out), ``fields``, the torch version and the date."""
+    command = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    return {
+        "trainer": trainer,
+        "method": method,
+        "command": f"python {trainer} {command}",
+        **fields,
+        "torch": str(torch.__version__),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def write_weights(out: Path, policy: torch.nn.Module, config: dict, meta: dict) -> None:
+    """Write ``{"config", "state_dict", "meta"}`` (what the policy loaders read) to ``out``
+    through a temporary file, so that a crash never leaves half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().clone().contiguous() for k, v in policy.state_dict().items()}
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    torch.save({"config": config, "state_dict": sd, "meta": meta}, tmp)
+    tmp.replace(out)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description="Train builtin:hybrid by imitating the ArmModel expert (BC + DAgger, TBPTT)."
@@ -343,32 +368,22 @@ def main(argv=None) -> int:
 
     policy, summary = train(args)
     cfg = policy.config
-    meta = {
-        "trainer": "tools/train_hybrid.py",
-        "method": "behaviour cloning of sim.dynamics.expert_action on ArmModel + DAgger, TBPTT",
-        "command": "python tools/train_hybrid.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
-        "seed": int(args.seed),
-        "steps": int(args.steps),
-        "batch": int(args.batch),
-        "episode": int(args.episode),
-        "window": int(args.window),
-        "lr": float(args.lr),
-        "policy_frac": float(args.policy_frac),
-        "dagger_start": float(args.dagger_start),
-        "near_frac": float(args.near_frac),
-        "beta": float(args.beta),
-        "torch": str(torch.__version__),
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        **summary,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().clone().contiguous() for k, v in policy.state_dict().items()}
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    torch.save({"config": asdict(cfg), "state_dict": sd, "meta": meta}, tmp)
-    tmp.replace(out)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
+    meta = run_meta(
+        "tools/train_hybrid.py",
+        "behaviour cloning of sim.dynamics.expert_action on ArmModel + DAgger, TBPTT",
+        args,
+        seed=int(args.seed),
+        steps=int(args.steps),
+        batch=int(args.batch),
+        episode=int(args.episode),
+        window=int(args.window),
+        lr=float(args.lr),
+        policy_frac=float(args.policy_frac),
+        dagger_start=float(args.dagger_start),
+        near_frac=float(args.near_frac),
+        beta=float(args.beta),
+    )
+    write_weights(Path(args.out), policy, asdict(cfg), {**meta, **summary})
     return 0
 
 

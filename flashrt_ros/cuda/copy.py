@@ -55,19 +55,29 @@ def _memcpy(d: int, s: int, n: int, h) -> None:
     _drv_check(_drv.cuMemcpyDtoDAsync(_ptr(d), _ptr(s), n, h), "cuMemcpyDtoDAsync")
 
 
+def _issued(memcpy) -> bool:
+    """Whether ``memcpy()``, a cuda-python cuMemcpy*Async call (its handles converted inside
+    it, so that a conversion failure counts too), was issued. On an exception or an error code
+    copies fall back to torch for good, with one warning."""
+    try:
+        (err,) = memcpy()
+    except Exception as e:  # binding mismatch: fall back for good, once
+        _fail(e)
+        return False
+    if err != _SUCCESS:
+        _fail(err)
+        return False
+    return True
+
+
 def copy_now(dst: torch.Tensor, src: torch.Tensor) -> None:
     """The copy issued directly: one cuMemcpyDtoDAsync (torch's copy_ without cuda-python)."""
-    if _driver_ok:
-        try:
-            (err,) = _drv.cuMemcpyDtoDAsync(
-                _ptr(dst.data_ptr()), _ptr(src.data_ptr()), dst.numel(), _stream(dst.get_device())
-            )
-        except Exception as e:  # binding mismatch: fall back for good, once
-            _fail(e)
-        else:
-            if err == _SUCCESS:
-                return
-            _fail(err)
+    if _driver_ok and _issued(
+        lambda: _drv.cuMemcpyDtoDAsync(
+            _ptr(dst.data_ptr()), _ptr(src.data_ptr()), dst.numel(), _stream(dst.get_device())
+        )
+    ):
+        return
     dst.copy_(src, non_blocking=True)
 
 
@@ -77,21 +87,20 @@ def copy_io(dst: torch.Tensor, src: torch.Tensor) -> None:
     graph as a memcpy node (torch's pinned copy also records a host-allocator event)."""
     n = dst.numel() * dst.element_size()
     if _driver_ok and dst.is_cuda != src.is_cuda and dst.is_contiguous() and src.is_contiguous():
-        try:
-            if dst.is_cuda and not src.is_cuda:
-                (err,) = _drv.cuMemcpyHtoDAsync(
+        if dst.is_cuda:
+            issued = _issued(
+                lambda: _drv.cuMemcpyHtoDAsync(
                     _ptr(dst.data_ptr()), src.data_ptr(), n, _stream(dst.get_device())
                 )
-            else:
-                (err,) = _drv.cuMemcpyDtoHAsync(
+            )
+        else:
+            issued = _issued(
+                lambda: _drv.cuMemcpyDtoHAsync(
                     dst.data_ptr(), _ptr(src.data_ptr()), n, _stream(src.get_device())
                 )
-        except Exception as e:
-            _fail(e)
-        else:
-            if err == _SUCCESS:
-                return
-            _fail(err)
+            )
+        if issued:
+            return
     dst.copy_(src, non_blocking=True)
 
 

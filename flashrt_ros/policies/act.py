@@ -26,8 +26,6 @@ training-only CVAE encoder of ACT is not part of the module (inference never run
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,27 +37,25 @@ from flashrt_ros.policies.visuomotor_common import (
     IMAGE_PREFIX,
     STATE_KEY,
     WEIGHTS_DIR,
-    PolicyFeature,
-    ResNet18Trunk,
     SmallConvEncoder,
+    VisuomotorConfig,
     check_cameras,
     feature_hw,
     history,
-    load_weights,
-    make_features,
-    saved_config,
+    make_backbone,
+    make_policy,
+    register_normalization,
     sine_pos_1d,
     sine_pos_2d,
 )
 
 __all__ = ["ACTConfig", "ACTPolicy", "make_act", "ACT_WEIGHTS", "ACT_SIZES"]
 
-log = logging.getLogger(__name__)
 ACT_WEIGHTS = WEIGHTS_DIR / "act.pt"
 
 
 @dataclass
-class ACTConfig:
+class ACTConfig(VisuomotorConfig):
     """What builds an ACTPolicy; the LeRobot-shaped fields the runtime reads are
     ``input_features``, ``output_features``, ``chunk_size``, ``n_action_steps``,
     ``n_obs_steps`` and ``temporal_ensemble_coeff``."""
@@ -90,19 +86,6 @@ class ACTConfig:
     goal_chain: int = 6
     keypoint_channels: tuple[int, ...] = (24, 32, 32)
     keypoint_strides: tuple[int, ...] = (2, 1, 1)  # 64x64 images -> 32x32 keypoint maps
-
-    @property
-    def input_features(self) -> dict[str, PolicyFeature]:
-        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[0]
-
-    @property
-    def output_features(self) -> dict[str, PolicyFeature]:
-        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[1]
-
-    def to_dict(self) -> dict:
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
 
 
 ACT_SIZES: dict[str, dict] = {
@@ -232,14 +215,7 @@ class ACTPolicy(nn.Module):
         if not 1 <= c.n_action_steps <= c.chunk_size:
             raise ValueError(f"n_action_steps must be in 1..chunk_size, got {c.n_action_steps}")
         d = c.dim_model
-        if c.backbone == "resnet18":
-            self.backbone = ResNet18Trunk("batch")
-        elif c.backbone == "small":
-            self.backbone = SmallConvEncoder(
-                tuple(c.backbone_channels), strides=tuple(c.backbone_strides)
-            )
-        else:
-            raise ValueError(f"backbone must be 'small' or 'resnet18', got {c.backbone!r}")
+        self.backbone = make_backbone(c.backbone, "batch", c.backbone_channels, c.backbone_strides)
         fh, fw = feature_hw(self.backbone, c.image_hw)
         self.input_proj = nn.Conv2d(self.backbone.out_channels, d, 1)
         self.camera_embed = nn.Parameter(torch.zeros(len(c.cameras), d))
@@ -259,10 +235,7 @@ class ACTPolicy(nn.Module):
         self.query_pos = nn.Parameter(sine_pos_1d(c.chunk_size, d) * 0.1)
         self.action_head = nn.Linear(d, c.action_dim)
         self.register_buffer("image_pos", sine_pos_2d(fh, fw, d), persistent=False)
-        self.register_buffer("state_mean", torch.zeros(c.state_dim))
-        self.register_buffer("state_std", torch.ones(c.state_dim))
-        self.register_buffer("image_mean", torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1))
-        self.register_buffer("image_std", torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1))
+        register_normalization(self, c.state_dim)
         self.register_buffer("action_mean", torch.zeros(c.chunk_size, c.action_dim))
         self.register_buffer("action_std", torch.ones(c.chunk_size, c.action_dim))
 
@@ -334,31 +307,16 @@ def make_act(
     loads weights/act.pt when the config matches the one it was trained with (runtime-only
     fields such as n_action_steps and temporal_ensemble_coeff may differ); ``weights`` loads a
     given file instead. Otherwise the init is seeded (torch seed 0) and a warning says so."""
-    if size not in ACT_SIZES:
-        raise ValueError(f"unknown act size {size!r} (known: {', '.join(ACT_SIZES)})")
-    fields = {f.name for f in dataclasses.fields(ACTConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"builtin:act: unknown override(s) {unknown} (known: {sorted(fields)})")
-    kw = {**ACT_SIZES[size], **overrides}
-    if cameras is not None:
-        kw["cameras"] = cameras
-    if image_hw is not None:
-        kw["image_hw"] = image_hw
-    cfg = ACTConfig(**kw)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        policy = ACTPolicy(cfg)
-    if weights is not None:
-        load_weights(policy, weights, "builtin:act")
-    elif size == "sim":
-        saved = saved_config(ACT_WEIGHTS)
-        mine = cfg.to_dict()
-        if saved is not None and all(
-            saved.get(k) == v for k, v in mine.items() if k not in RUNTIME_ONLY
-        ):
-            load_weights(policy, ACT_WEIGHTS, "builtin:act")
-        else:
-            why = "no trained weights" if saved is None else "the config differs from act.pt's"
-            log.warning("builtin:act size %s: %s: running with seeded init", size, why)
-    return policy.eval()
+    return make_policy(
+        "act",
+        ACTConfig,
+        ACTPolicy,
+        ACT_SIZES,
+        size,
+        overrides,
+        weights=weights,
+        trained=ACT_WEIGHTS,
+        runtime_only=RUNTIME_ONLY,
+        cameras=cameras,
+        image_hw=image_hw,
+    )

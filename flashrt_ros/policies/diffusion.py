@@ -22,8 +22,6 @@ benchmarks).
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,26 +34,23 @@ from flashrt_ros.policies.visuomotor_common import (
     IMAGE_PREFIX,
     STATE_KEY,
     WEIGHTS_DIR,
-    PolicyFeature,
-    ResNet18Trunk,
-    SmallConvEncoder,
     SpatialSoftmax,
+    VisuomotorConfig,
     check_cameras,
     feature_hw,
     history,
-    load_weights,
-    make_features,
-    saved_config,
+    make_backbone,
+    make_policy,
+    register_normalization,
 )
 
 __all__ = ["DiffusionConfig", "DiffusionPolicy", "make_diffusion", "DIFFUSION_SIZES"]
 
-log = logging.getLogger(__name__)
 DIFFUSION_WEIGHTS = WEIGHTS_DIR / "diffusion.pt"
 
 
 @dataclass
-class DiffusionConfig:
+class DiffusionConfig(VisuomotorConfig):
     """What builds a DiffusionPolicy; ``chunk_size`` (= ``horizon``), ``n_action_steps``,
     ``n_obs_steps``, ``temporal_ensemble_coeff`` (None) and the features are what the runtime
     reads."""
@@ -85,19 +80,6 @@ class DiffusionConfig:
     @property
     def chunk_size(self) -> int:
         return self.horizon
-
-    @property
-    def input_features(self) -> dict[str, PolicyFeature]:
-        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[0]
-
-    @property
-    def output_features(self) -> dict[str, PolicyFeature]:
-        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[1]
-
-    def to_dict(self) -> dict:
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
 
 
 DIFFUSION_SIZES: dict[str, dict] = {
@@ -241,22 +223,14 @@ class DiffusionPolicy(nn.Module):
         in_hw = tuple(c.crop_hw) if c.crop_hw else c.image_hw
         if c.crop_hw and (in_hw[0] > c.image_hw[0] or in_hw[1] > c.image_hw[1]):
             raise ValueError(f"crop_hw {in_hw} larger than image_hw {c.image_hw}")
-        if c.backbone == "resnet18":
-            self.backbone = ResNet18Trunk("group")
-        elif c.backbone == "small":
-            self.backbone = SmallConvEncoder(tuple(c.backbone_channels))
-        else:
-            raise ValueError(f"backbone must be 'small' or 'resnet18', got {c.backbone!r}")
+        self.backbone = make_backbone(c.backbone, "group", c.backbone_channels)
         fhw = feature_hw(self.backbone, in_hw)
         self.keypoints = SpatialSoftmax(self.backbone.out_channels, fhw, c.num_keypoints)
         feat = 2 * c.num_keypoints
         self.image_out = nn.Linear(feat, feat)
         cond_dim = c.n_obs_steps * (c.state_dim + feat * len(c.cameras))
         self.unet = ConditionalUnet1D(c, cond_dim)
-        self.register_buffer("state_mean", torch.zeros(c.state_dim))
-        self.register_buffer("state_std", torch.ones(c.state_dim))
-        self.register_buffer("image_mean", torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1))
-        self.register_buffer("image_std", torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1))
+        register_normalization(self, c.state_dim)
         self.register_buffer("action_mean", torch.zeros(c.horizon, c.action_dim))
         self.register_buffer("action_scale", torch.ones(c.horizon, c.action_dim))
         self._set_schedule()
@@ -345,35 +319,17 @@ def make_diffusion(
     100 ...; the training schedule has 100 steps); ``overrides`` set DiffusionConfig fields.
     Size "sim" loads weights/diffusion.pt when it exists and fits the config, ``weights`` a given
     file; otherwise the init is seeded (torch seed 0) and a warning says so."""
-    if size not in DIFFUSION_SIZES:
-        raise ValueError(f"unknown diffusion size {size!r} (known: {', '.join(DIFFUSION_SIZES)})")
-    fields = {f.name for f in dataclasses.fields(DiffusionConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(
-            f"builtin:diffusion: unknown override(s) {unknown} (known: {sorted(fields)})"
-        )
-    kw = {**DIFFUSION_SIZES[size], **overrides, "num_inference_steps": int(num_inference_steps)}
-    if cameras is not None:
-        kw["cameras"] = cameras
-    if image_hw is not None:
-        kw["image_hw"] = image_hw
-    cfg = DiffusionConfig(**kw)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        policy = DiffusionPolicy(cfg)
-    if weights is not None:
-        load_weights(policy, weights, "builtin:diffusion")
-    elif size == "sim":
-        saved = saved_config(DIFFUSION_WEIGHTS)
-        mine = cfg.to_dict()
-        if saved is not None and all(
-            saved.get(k) == v for k, v in mine.items() if k not in RUNTIME_ONLY
-        ):
-            load_weights(policy, DIFFUSION_WEIGHTS, "builtin:diffusion")
-        else:
-            why = (
-                "no trained weights" if saved is None else "the config differs from diffusion.pt's"
-            )
-            log.warning("builtin:diffusion size %s: %s: running with seeded init", size, why)
-    return policy.eval()
+    return make_policy(
+        "diffusion",
+        DiffusionConfig,
+        DiffusionPolicy,
+        DIFFUSION_SIZES,
+        size,
+        overrides,
+        weights=weights,
+        trained=DIFFUSION_WEIGHTS,
+        runtime_only=RUNTIME_ONLY,
+        cameras=cameras,
+        image_hw=image_hw,
+        num_inference_steps=int(num_inference_steps),
+    )

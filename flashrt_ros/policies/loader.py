@@ -13,27 +13,11 @@ import torch
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.policies.hybrid import HybridConfig, HybridPolicy
+from flashrt_ros.policies.visuomotor_common import WEIGHTS_DIR, load_weights
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_DIR = Path(__file__).parent / "weights"
 BUILTIN_WEIGHTS = WEIGHTS_DIR / "hybrid.pt"
-
-
-def load_hybrid_weights(policy: HybridPolicy, path: str | Path) -> None:
-    """Load a weights file written by tools/train_hybrid.py (config + state_dict)."""
-    path = Path(path)
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        sd = blob["state_dict"]
-    except FileNotFoundError:
-        raise BadRequest(f"weights file not found: {path}") from None
-    except Exception as e:
-        raise BadRequest(f"{path}: not a flashrt hybrid weights file ({e})") from e
-    try:
-        policy.load_state_dict(sd)
-    except RuntimeError as e:
-        raise BadRequest(f"{path}: weights do not fit {policy.policy_id}: {e}") from e
 
 
 def _hybrid_config(overrides: dict) -> HybridConfig:
@@ -114,7 +98,7 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
         shapes_fixed = {k: v for k, v in overrides.items() if k not in ("kv_len", "noise_std")}
         path = Path(weights) if weights else BUILTIN_WEIGHTS
         if weights or (not shapes_fixed and BUILTIN_WEIGHTS.exists()):
-            load_hybrid_weights(policy, path)
+            load_weights(policy, path, policy.policy_id)  # written by tools/train_hybrid.py
         elif not shapes_fixed:
             log.warning("no trained weights at %s: builtin:hybrid runs with seeded init", path)
         return policy.eval()

@@ -1,9 +1,12 @@
-"""Pieces shared by builtin:act and builtin:diffusion: LeRobot-shaped feature descriptions, conv
-image encoders written in plain torch (no torchvision), positional embeddings, and the weights
-file helpers. Everything here is pure and capturable (static shapes, no host syncs)."""
+"""Pieces shared by builtin:act and builtin:diffusion: LeRobot-shaped feature descriptions and
+the config mixin, conv image encoders written in plain torch (no torchvision), positional
+embeddings, the normalization buffers, the factory, and the weights file helpers (loader.py
+loads builtin:hybrid's with them too). The modules here are pure and capturable (static shapes,
+no host syncs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
@@ -13,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from flashrt_ros.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,25 @@ def make_features(
     for cam in cameras:
         inputs[IMAGE_PREFIX + cam] = PolicyFeature(FeatureType.VISUAL, (3, *image_hw))
     return inputs, {ACTION_KEY: PolicyFeature(FeatureType.ACTION, (action_dim,))}
+
+
+class VisuomotorConfig:
+    """What ACTConfig and DiffusionConfig (dataclasses) share: the LeRobot-shaped features
+    from ``state_dim``, ``cameras``, ``image_hw`` and ``action_dim``, and ``to_dict`` (the
+    JSON-ready form a weights file stores, tuples as lists)."""
+
+    @property
+    def input_features(self) -> dict[str, PolicyFeature]:
+        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[0]
+
+    @property
+    def output_features(self) -> dict[str, PolicyFeature]:
+        return make_features(self.state_dim, self.cameras, self.image_hw, self.action_dim)[1]
+
+    def to_dict(self) -> dict:
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
 
 def check_cameras(cameras, image_hw) -> tuple[tuple[str, ...], tuple[int, int]]:
@@ -157,6 +181,29 @@ class ResNet18Trunk(nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
+def make_backbone(
+    kind: str, norm: str, channels: tuple[int, ...], strides: tuple[int, ...] | None = None
+) -> nn.Module:
+    """The image encoder a config names: "resnet18" (ResNet18Trunk with ``norm``) or "small"
+    (SmallConvEncoder of ``channels`` and ``strides``)."""
+    if kind == "resnet18":
+        return ResNet18Trunk(norm)
+    if kind == "small":
+        return SmallConvEncoder(
+            tuple(channels), strides=tuple(strides) if strides is not None else None
+        )
+    raise ValueError(f"backbone must be 'small' or 'resnet18', got {kind!r}")
+
+
+def register_normalization(module: nn.Module, state_dim: int) -> None:
+    """The input normalization buffers: ``state_mean/std`` (identity until trained) and
+    ``image_mean/std`` (ImageNet's, as LeRobot's policies have them)."""
+    module.register_buffer("state_mean", torch.zeros(state_dim))
+    module.register_buffer("state_std", torch.ones(state_dim))
+    module.register_buffer("image_mean", torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1))
+    module.register_buffer("image_std", torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1))
+
+
 def feature_hw(encoder: nn.Module, image_hw: tuple[int, int]) -> tuple[int, int]:
     """Spatial size of ``encoder``'s feature map for one image size (a dry run on the CPU)."""
     was_training = encoder.training
@@ -216,20 +263,21 @@ class SpatialSoftmax(nn.Module):
 
 # -- weights files ---------------------------------------------------------------------------------
 def load_weights(module: nn.Module, path: str | Path, what: str) -> dict:
-    """Load a ``{"config", "state_dict", "meta"}`` file into ``module``; returns its meta.
-    ValueError when the file is missing, unreadable or does not fit."""
+    """Load a ``{"config", "state_dict", "meta"}`` file (builtin:hybrid's, act's, diffusion's)
+    into ``module`` (``what`` names it in errors); returns its meta. BadRequest (a ValueError)
+    when the file is missing, unreadable or does not fit."""
     path = Path(path)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         sd = blob["state_dict"]
     except FileNotFoundError:
-        raise ValueError(f"weights file not found: {path}") from None
+        raise BadRequest(f"weights file not found: {path}") from None
     except Exception as e:
-        raise ValueError(f"{path}: not a flashrt {what} weights file ({e})") from e
+        raise BadRequest(f"{path}: not a flashrt {what} weights file ({e})") from e
     try:
         module.load_state_dict(sd)
     except RuntimeError as e:
-        raise ValueError(f"{path}: weights do not fit {what}: {e}") from e
+        raise BadRequest(f"{path}: weights do not fit {what}: {e}") from e
     return dict(blob.get("meta", {}))
 
 
@@ -241,6 +289,58 @@ def saved_config(path: Path) -> dict | None:
         return dict(torch.load(path, map_location="cpu", weights_only=True)["config"])
     except Exception:  # noqa: BLE001 - an unreadable file is reported when it is loaded
         return None
+
+
+def make_policy(
+    kind: str,
+    config_cls: type,
+    policy_cls: type[nn.Module],
+    sizes: dict[str, dict],
+    size: str,
+    overrides: dict,
+    *,
+    weights: str | Path | None,
+    trained: Path,
+    runtime_only: tuple[str, ...],
+    **fields,
+) -> nn.Module:
+    """builtin:<kind> in eval mode: the config of ``size`` (a key of ``sizes``) with
+    ``overrides`` (config fields, checked) and ``fields`` (set when not None), built under torch
+    seed 0. ``weights`` loads that file; otherwise size "sim" loads ``trained`` when its config
+    matches (``runtime_only`` fields may differ), and without it the init stays seeded and a
+    warning says why."""
+    what = f"builtin:{kind}"
+    if size not in sizes:
+        raise ValueError(f"unknown {kind} size {size!r} (known: {', '.join(sizes)})")
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"{what}: unknown override(s) {unknown} (known: {sorted(known)})")
+    kw = {**sizes[size], **overrides}
+    kw.update((k, v) for k, v in fields.items() if v is not None)
+    cfg = config_cls(**kw)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        policy = policy_cls(cfg)
+    if weights is not None:
+        load_weights(policy, weights, what)
+    elif size == "sim":
+        saved = saved_config(trained)
+        mine = cfg.to_dict()
+        if saved is not None and all(
+            saved.get(k) == v for k, v in mine.items() if k not in runtime_only
+        ):
+            load_weights(policy, trained, what)
+        else:
+            why = (
+                "no trained weights"
+                if saved is None
+                else f"the config differs from {trained.name}'s"
+            )
+            logging.getLogger(policy_cls.__module__).warning(  # the policy module's logger
+                "%s size %s: %s: running with seeded init", what, size, why
+            )
+    return policy.eval()
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -59,19 +59,35 @@ def fresh_domain_id() -> int:
 def ros_domain(domain_id: int | None = None) -> Iterator[int]:
     """Set ROS_DOMAIN_ID (fresh unless given) and LOCALHOST discovery in os.environ; restore."""
     domain_id = fresh_domain_id() if domain_id is None else int(domain_id)
-    keys = ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOCALHOST_ONLY")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ["ROS_DOMAIN_ID"] = str(domain_id)
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    os.environ.pop("ROS_LOCALHOST_ONLY", None)
-    try:
+    with preserved_environ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOCALHOST_ONLY"):
+        os.environ["ROS_DOMAIN_ID"] = str(domain_id)
+        os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+        os.environ.pop("ROS_LOCALHOST_ONLY", None)
         yield domain_id
+
+
+@contextlib.contextmanager
+def preserved_environ(*keys: str) -> Iterator[None]:
+    """Whatever the body does to these os.environ entries is undone on exit (set again to the
+    old value, or removed where there was none)."""
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def importable_tests() -> Iterator[None]:
+    """A node process started in the body can import test policies from this repository."""
+    with preserved_environ("PYTHONPATH"):
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
+        yield
 
 
 def ros_param_args(params: dict[str, Any] | None) -> list[str]:
@@ -161,9 +177,11 @@ def launch_node(
         ros_args += ["-r", f"__ns:=/{namespace.strip('/')}"]
     if params_file:
         ros_args += ["--params-file", str(params_file)]
+    log_dir = Path(log_dir)
+    # the compile cache in the test's own folder: tests never write to, or read, ~/.cache
+    params = {"compile_cache_dir": str(log_dir / "compile_cache"), **(params or {})}
     ros_args += ros_param_args(params)
     ros_args += list(extra_args)
-    log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{name}{'_' + namespace.strip('/').replace('/', '_') if namespace.strip('/') else ''}"
     log_path = log_dir / f"node_{stem}_{int(time.time() * 1000) % 10**8}.log"

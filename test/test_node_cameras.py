@@ -197,7 +197,7 @@ def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     assert c.commands == []
     assert d["_message"] == "stale: no fresh camera wrist, holding", d
     assert d["stale_stream"] == "camera wrist" and int(d["camera.wrist.stale_steps"]) > 0, d
-    assert d["camera.wrist.age_s"] == "none" and float(d["camera.top.age_s"]) < 0.3, d
+    assert d["camera.wrist.age_s"] == "none" and float(d["camera.top.age_s"]) < 1.0, d
     stream(1.0, wrist_on=True, bad_top=True)  # all fresh: commands; bad images refused
     assert len(c.commands) >= 5, len(c.commands)
     assert np.isfinite(c.commands[-1]).all()

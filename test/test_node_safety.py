@@ -9,7 +9,6 @@ observation value exceeds 500 (below the default obs_limit of 1000, so the input
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 
@@ -22,26 +21,12 @@ from trajectory_msgs.msg import JointTrajectory
 from flashrt_ros import srv
 from test.engine_util import make_engine, observations
 from test.node_client import JOINTS, NodeClient
-from test.ros_helpers import REPO_ROOT
+from test.ros_helpers import importable_tests
 
 POLICY = "test.nan_policy:nan_above"
 OBS = observations(200, seed=11)
 ERROR = int.from_bytes(DiagnosticStatus.ERROR, "little")
 RATE = 200.0  # the timer node's; a CPU step takes ~1.7 ms of each 5 ms period
-
-
-@contextlib.contextmanager
-def importable_tests():
-    """The node process imports the test policy from this repository."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def finite_rows(rows) -> bool:
@@ -239,7 +224,8 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
         t_list = time.monotonic()
         listed = c.call("list_capsules")
         t_list = time.monotonic() - t_list
-        assert t_list < 0.5, f"list_capsules waited {t_list:.2f} s for the rollout"
+        # the defect: 5-6 s behind a rollout; a generous bound for a loaded 2-core machine
+        assert t_list < 2.0, f"list_capsules waited {t_list:.2f} s for the rollout"
         assert not fut.done(), "pick more steps: the rollout ended before the measurement"
         assert ros.spin_until(fut.done, 60), "rollout did not finish"
         t1 = time.monotonic()
@@ -251,4 +237,5 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     assert (r.success and len(r.actions) == steps * 6) or "no room" in r.message, r.message
     assert listed.live_session == "main"
     rate = (n1 - n0) / (t1 - t0 + 0.3)
-    assert t1 - t0 > 1.0 and rate >= 0.8 * min(RATE, baseline), (rate, baseline, t1 - t0)
+    # the defect: 7-13 commands a second of 200; half the rate measured just before is generous
+    assert t1 - t0 > 1.0 and rate >= 0.5 * min(RATE, baseline), (rate, baseline, t1 - t0)

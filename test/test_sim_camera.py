@@ -89,7 +89,7 @@ def test_sim_node_publishes_camera_images(ros):
     ros.spin_for(2.0)
     n = len(got)
     rate = (n - 1) / (got[-1][0] - got[0][0])
-    assert 10.0 < rate < 30.0, f"{n} images, {rate:.1f} Hz"
+    assert 5.0 < rate < 40.0, f"{n} images, {rate:.1f} Hz"
     msg = got[-1][1]
     assert (msg.encoding, msg.height, msg.width, msg.step) == ("rgb8", 64, 48, 144)
     img = np.frombuffer(bytes(msg.data), np.uint8).reshape(64, 48, 3)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.node.polled import take
 from flashrt_ros.obs.images import camera_key, image_array
 
 
@@ -112,8 +113,6 @@ class Cameras:
     def clear(self) -> None:
         """Forget every image (activation: never step on one from before), and drop the queued
         ones in polled mode."""
-        from flashrt_ros.node.polled import take
-
         for c in self.cams:
             c.latest = None
             if self.polled:
@@ -144,8 +143,6 @@ class Cameras:
 
     def take(self) -> None:
         """Polled mode: handle every queued message of every camera (newest valid one wins)."""
-        from flashrt_ros.node.polled import take
-
         for c in self.cams:
             while (got := take(c.sub)) is not None:
                 self.on_image(c, got[0], age=got[1])

@@ -1,9 +1,12 @@
 """The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
 
-Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states (one
-mutually exclusive group, so they are handled in arrival order) and the services (a reentrant
-group). The timer trigger runs its own thread, which takes joint_states itself at the top of each
-tick (polled.py says why). A rollout steps on a thread of its own (services.py). Every Engine
+Threads: rclpy's executor runs the goal subscription and, in observation mode with cameras,
+joint_states and the images (one mutually exclusive group, in arrival order). In observation
+mode without cameras a Waiter thread takes joint_states off the executor (polled.py); goals stay
+on the executor, so a client that needs a goal applied first waits for ~/goal_applied. The
+services run on a node and an executor thread of their own (services.py, main.py). The timer
+trigger runs its own thread, which takes joint_states itself at the top of each tick (polled.py
+says why). A rollout steps on a thread of its own (services.py). Every Engine
 call holds the engine lock (loop.EngineLock), so a service request always lands between two
 steps; the control tick goes first, and a rollout steps only where no tick is due.
 
@@ -236,7 +239,8 @@ class FlashrtNode(LifecycleNode):
         return super().on_activate(state)
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
-        self.active = False
+        with self.control.lock:  # a step in flight finishes first; none starts after this
+            self.active = False
         if self._loop is not None:
             self._loop.stop()
             self._loop = None
@@ -294,7 +298,8 @@ class FlashrtNode(LifecycleNode):
         except ValueError as e:
             self._refuse(str(e))
             return
-        self.flight.seen(msg.header.stamp)
+        if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
+            self.flight.seen(msg.header.stamp)
         if self.cfg.trigger == "observation":
             if self.active:
                 self._step(obs)
@@ -345,7 +350,7 @@ class FlashrtNode(LifecycleNode):
         ctl = self.control
         with ctl.lock:
             eng = ctl.engine
-            if eng is None:
+            if eng is None or not self.active:  # re-checked under the lock: deactivate holds it
                 return
             if received is not None and (
                 obs is None or time.monotonic() - received > self.cfg.obs_timeout_s

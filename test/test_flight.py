@@ -202,6 +202,21 @@ def test_save_flight_step_writes_a_loadable_capsule_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump.fcap"]
 
 
+def test_save_flight_step_never_overwrites_a_file_or_follows_a_link(tmp_path):
+    eng = tiny(4)
+    run(eng, OBS[:3])
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    (tmp_path / "taken.fcap").write_bytes(b"mine")
+    (tmp_path / "link.fcap").symlink_to(outside)
+    for name in ("taken", "link"):
+        with pytest.raises(BadRequest, match="exists"):
+            eng.save_flight_step(2, tmp_path / f"{name}.fcap")
+    assert (tmp_path / "taken.fcap").read_bytes() == b"mine"
+    assert outside.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.fcap", "outside", "taken.fcap"]
+
+
 class BlowUp(Policy):
     """A real policy that misbehaves: its action is NaN once |obs| > 900 (an accumulating state
     stays finite until then), as a learned policy can on out-of-distribution input."""

@@ -15,6 +15,7 @@ from sensor_msgs.msg import JointState
 
 from flashrt_ros.srv import DumpFlight, Rewind
 from test.node_client import JOINTS, NodeClient
+from test.ros_helpers import importable_tests
 
 RING = 8
 OBS = np.random.default_rng(7).uniform(-0.5, 0.5, size=(16, 12))
@@ -43,6 +44,7 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
             "capsule_dir": str(capdir),
             "flight_dump_max_mb": 1.0,  # one dump of 8 ticks (~0.6 MB) fits, two do not
             "flight_dump_interval_s": 0.0,
+            "capsule_slots": 3,
         },
         wait_services=("rewind", "dump_flight", "change_state"),
     )
@@ -92,14 +94,39 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
         assert not d.success and "flight_ticks > 0" in d.message, d.message
     listed = node.call("list_capsules")
     assert [c.id for c in listed.capsules] == [kept] and listed.capsules[0].step == 9
+    nbytes = listed.capsules[0].nbytes
+
+    # a keep the pool cannot take (all slots pinned; `kept` is evicted by the second pin) is
+    # refused before anything moves: no rewind, no capsule evicted or added
+    pins = [node.call("checkpoint", name=f"p{i}", pin=True).capsule.id for i in range(3)]
+    before = sorted(c.id for c in node.call("list_capsules").capsules)
+    assert before == sorted(pins), before
+    r = rewind(steps_back=1, keep=True)
+    assert not r.success and "pool full" in r.message, r.message
+    assert sorted(c.id for c in node.call("list_capsules").capsules) == before
+    for name in pins:
+        assert node.call("drop_capsule", capsule=name).success
     again = [step(i).tobytes() for i in range(7, 12)]  # from step 7 on: nothing moved
     assert again == [c.tobytes() for c in first[7:]]
 
     d = node.wait_diag(lambda d: d.get("flight_depth") == str(RING))
-    assert int(d["flight_bytes"]) == RING * listed.capsules[0].nbytes
+    assert int(d["flight_bytes"]) == RING * nbytes
+
+    # a planted `flight` symlink is refused: nothing is written (or removed) outside capsule_dir
+    outside = tmp_path / "outside"
+    (outside / "old-fault").mkdir(parents=True)  # what the disk bound would have removed
+    (capdir / "flight").symlink_to(outside, target_is_directory=True)
+    d = ros.call(ros.client(DumpFlight, proc.service("dump_flight")), DumpFlight.Request(), 10)
+    assert not d.success and "not a real folder" in d.message, d.message
 
     # automatic dumps at deactivate, oldest removed to stay within flight_dump_max_mb
     change = ros.client(ChangeState, proc.service("change_state"))
+    for t in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
+        assert ros.call(change, ChangeState.Request(transition=Transition(id=t)), 30).success
+    assert ros.spin_until(lambda: "deactivate dump of 'main' to" in proc.log_tail(400), 20)
+    assert [p.name for p in outside.iterdir()] == ["old-fault"]
+    assert list((outside / "old-fault").iterdir()) == []
+    (capdir / "flight").unlink()
     flight = capdir / "flight"
     for i in range(3):
         for t in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
@@ -120,3 +147,29 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
     assert sorted(f.name for f in (flight / dumps[0]).iterdir()) == sorted(
         f"main-{s}.fcap" for s in range(5, 13)
     )
+
+
+def test_a_step_error_dumps_the_frozen_ring_from_the_flight_thread(ros, tmp_path):
+    """The control thread only asks for the dump; the flight thread copies the poisoned
+    session's ring (it does not move) and writes it: the ticks up to the faulting one."""
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "observation",
+                "device": "cpu",
+                "policy": "test.nan_policy:nan_above",
+                "flight_ticks": 4,
+                "capsule_dir": str(capdir),
+            },
+        )
+    node = NodeClient(ros, proc)
+    node.run(OBS[:6])  # steps 1..6
+    bad = OBS[6].copy()
+    bad[3] = 600.0  # the policy's action turns NaN: step 7 faults, the session is poisoned
+    node.publish(bad)
+    assert ros.spin_until(lambda: "fault) to" in proc.log_tail(400), 20), proc.log_tail()
+    (dump,) = (capdir / "flight").iterdir()
+    assert dump.name.startswith("main-") and dump.name.endswith("-fault"), dump.name
+    assert sorted(f.name for f in dump.iterdir()) == [f"main-{t}.fcap" for t in range(4, 8)]

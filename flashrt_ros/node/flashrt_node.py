@@ -274,6 +274,7 @@ class FlashrtNode(LifecycleNode):
             if p is not None:
                 self.destroy_lifecycle_publisher(p)
         self._pub_cmd = self._pub_traj = None
+        self.flight.settle()  # an automatic dump asked for takes its copy before the engine goes
         with self.engine_lock:
             fused = self.engine is not None and self.engine.fuse
             self.engine = None

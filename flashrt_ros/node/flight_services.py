@@ -8,13 +8,23 @@ joint_states header stamp; its receive time when the header is zero). That stamp
 capsule of step t holds the state after the observation stamped `stamp` was consumed, so
 `flashrt-replay --from-capsule` continues with the bag's messages after that stamp.
 
-Dumps copy the ring to host memory under the engine lock (the ring moves at every step, so the
-copy must be atomic), then write the files on a thread of their own: neither the control loop
-nor the executor (joint_states in observation mode) waits for the disk. A dump goes to a hidden
-folder that is renamed into place when complete, `capsule_dir/flight/<session>-<UTC time>/`,
-one `<session>-<step>.fcap` per tick; subfolders are never reloaded into the pool. Automatic
-dumps (a step error, a deactivate) end in `-fault` / `-deactivate`, are throttled
-(`flight_dump_interval_s`) and kept within `flight_dump_max_mb` by removing the oldest
+A dump asked for with ~/dump_flight copies the ring to host memory under the engine lock (the
+live session moves at every step, so the copy must be atomic), then its files are written on a
+thread of their own. An automatic dump (a step error, a deactivate) only records that it is
+wanted: the session's ring is frozen then (a poisoned session does not step; at a deactivate the
+loop has stopped), so the flight thread takes the copy itself, one tick at a time under the
+engine lock, after checking that the session's line of steps has not moved meanwhile (else the
+dump is skipped, and the log says why). Neither the control loop nor the executor
+(joint_states in observation mode) waits for a copy of the whole ring or for the disk.
+
+A dump goes to a hidden folder that is renamed into place when complete,
+`capsule_dir/flight/<session>-<UTC time>[-<n>]/`, one `<session>-<step>.fcap` per tick; the final
+name is reserved first (an exclusive mkdir) and a taken one gets the next suffix: no dump ever
+replaces or merges with another folder. `flight` and every dump folder must be real folders
+(checked with lstat, never through a symbolic link) whenever one is created, written into or
+bounded: anything else is refused, so nothing is written or removed outside capsule_dir.
+Subfolders are never reloaded into the pool. Automatic dumps end in `-fault` / `-deactivate`, are
+throttled (`flight_dump_interval_s`) and kept within `flight_dump_max_mb` by removing the oldest
 automatic dumps first; dumps asked for with ~/dump_flight are never removed by the node.
 """
 
@@ -22,11 +32,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import queue
 import shutil
+import stat
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,11 +53,15 @@ from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.errors import BadName, BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.runtime.flight import nonfinite_regions
 from flashrt_ros.srv import DumpFlight, Rewind
 
 FLIGHT_DIR = "flight"  # subfolder of capsule_dir holding the dumps
 AUTO_REASONS = ("fault", "deactivate")
 FILE_SLACK = 8 * 1024  # per file, besides the state: magic, JSON header, digest (estimate)
+COPY_BPS = 2e9  # device -> pageable host bytes/s assumed when asking the lock for one tick's copy
+MAX_SUFFIX = 1000  # dump folder names tried (`name`, `name-2`, ...) before giving up
+TAKEN = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)  # a rename met a folder
 
 
 def stamp_ns(stamp) -> int:
@@ -89,8 +106,7 @@ class Snapshot:
     store: object  # the engine's CapsuleStore: headers carry its fingerprint and layout
 
     def write(self, folder: Path) -> list[Path]:
-        """One capsule file per step into `folder` (created here), oldest first."""
-        folder.mkdir(parents=False, exist_ok=False)
+        """One capsule file per step into `folder` (an empty folder of ours), oldest first."""
         out = []
         for i, t in enumerate(self.steps):
             state = self.states[i]
@@ -107,12 +123,49 @@ class Snapshot:
                 pinned=False,
                 stamp=self.stamps[i],
             )
-            out.append(self.store.write(folder / f"{cid}{diskfmt.SUFFIX}", info, state))
+            path = folder / f"{cid}{diskfmt.SUFFIX}"
+            out.append(self.store.write(path, info, state, overwrite=False))
         return out
+
+
+@dataclass
+class Wanted:
+    """An automatic dump asked for where no copy may be taken (the control thread at a step
+    error, a deactivate): the flight thread takes it, if the session is still where it was."""
+
+    engine: weakref.ref
+    sref: weakref.ref  # the Session object: a session dropped and made again is another one
+    session: str
+    reason: str
+    wall: float  # time.time() when it was asked for: the folder's name
+    line: tuple  # FlightServices._line() then
+    fit: int  # the newest ticks that fit in the disk bound
+    budget: int  # flight_dump_max_mb in bytes
+    capsule_dir: str
 
 
 def utc_name(t: float) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def real_dir(path: Path) -> bool:
+    """A folder itself, not a symbolic link to one (lstat: the last component is not followed)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def require_real_dir(path: Path) -> None:
+    if not real_dir(path):
+        raise BadRequest(
+            f"{path} is not a real folder (a symbolic link, a file or missing): flight dumps "
+            "are only written into a folder of capsule_dir itself; remove it"
+        )
+
+
+def by_step(p: Path) -> int:
+    return int(p.stem.rsplit("-", 1)[1])
 
 
 def folder_bytes(folder: Path) -> int:
@@ -125,7 +178,7 @@ def folder_bytes(folder: Path) -> int:
 
 
 def auto_dumps(root: Path) -> list[Path]:
-    """The automatic dump folders under `root`, oldest first."""
+    """The automatic dump folders under `root` (real folders only), oldest first."""
     found = []
     with contextlib.suppress(OSError):
         for e in os.scandir(root):
@@ -147,11 +200,14 @@ class FlightServices:
         self._pending_ns = 0  # stamp of the newest valid observation (see seen())
         self._engine = None
         self._rings: dict[str, StampRing] = {}
+        self._moves: dict[str, int] = {}  # per session: ticks and rewinds seen (see _line())
         self._last_auto: float | None = None
         self._warned_no_dir = False
         self.last_dump = ""
         self.dumps = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._wanted = 0  # automatic dumps whose copy is not taken yet (see settle())
+        self._taken = threading.Condition()
         self._writer = threading.Thread(
             target=self._work_forever, name="flashrt-flight", daemon=True
         )
@@ -173,16 +229,37 @@ class FlightServices:
         if not eng.flight_ticks:
             return
         if eng is not self._engine:  # a new configure: stamps of the old engine mean nothing
-            self._engine, self._rings = eng, {}
+            self._engine, self._rings, self._moves = eng, {}, {}
         ring = self._rings.get(session)
         if ring is None:  # once per session, not per tick
             ring = self._rings[session] = StampRing(eng.flight_ticks)
         s = eng.session(session)
         ring.put(s.steps, s.parent_id, self._pending_ns)
+        self._moves[session] = self._moves.get(session, 0) + 1
 
     def _stamp(self, eng, s, step: int) -> int | None:
         ring = self._rings.get(s.name) if eng is self._engine else None
         return None if ring is None else ring.get(step, s.parent_id)
+
+    def _line(self, eng, session: str) -> tuple | None:
+        """Where the session's recorded steps stand (engine lock held): equal values mean the
+        ring holds the same states. A step moves `steps` and the node's tick count; a rewind the
+        held range and the node's rewind count; a restore, branch or reset the line (parent,
+        the held range's start) and clears a poison; a drop or a new configure the objects."""
+        try:
+            s = eng.session(session)
+        except Exception:  # noqa: BLE001 (dropped: there is nothing to dump)
+            return None
+        held = s.flight_steps()
+        return (
+            id(eng),
+            id(s),
+            s.parent_id,
+            held.start,
+            held.stop,
+            eng.poisoned(session),
+            self._moves.get(session, 0) if eng is self._engine else 0,
+        )
 
     # -- shared -----------------------------------------------------------------------------------
     def _engine_or_refuse(self):
@@ -217,29 +294,25 @@ class FlightServices:
         with st.lock:
             st.service_us.add((time.perf_counter() - t0) * 1e6)
 
-    def _snapshot(self, eng, session: str, newest: int | None = None) -> Snapshot:
-        """Copy the held steps (the newest `newest` of them) to host memory (lock held)."""
+    def _snapshot(self, eng, session: str) -> Snapshot:
+        """Copy the held steps to host memory (lock held: ~/dump_flight of a moving session)."""
         s = eng.session(session)
         held = list(s.flight_steps())
-        if newest is not None:
-            held = held[-newest:]
         states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
         for i, t in enumerate(held):
             states[i].copy_(s.flight_state(t))
         stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
         return Snapshot(s.name, s.parent_id, held, stamps, states, eng.store)
 
-    def _root(self) -> Path:
-        return Path(self.ctl.cfg.capsule_dir) / FLIGHT_DIR
-
-    def _new_folder(self, name: str) -> Path:
-        root = self._root()
-        root.mkdir(parents=True, exist_ok=True)
-        folder, n = root / name, 1
-        while folder.exists():
-            n += 1
-            folder = root / f"{name}-{n}"
-        return folder
+    @staticmethod
+    def _root(base: Path) -> Path:
+        """capsule_dir/flight, made here if missing; BadRequest unless it is a real folder."""
+        base.mkdir(parents=True, exist_ok=True)  # capsule_dir itself is the operator's choice
+        root = base / FLIGHT_DIR
+        with contextlib.suppress(FileExistsError):  # mkdir never follows a link at `root`
+            os.mkdir(root)
+        require_real_dir(root)
+        return root
 
     # -- ~/rewind ---------------------------------------------------------------------------------
     def rewind(self, req, resp):
@@ -285,14 +358,15 @@ class FlightServices:
                         "(or give a stamp)"
                     )
                 target = cur - k
-            info = eng.checkpoint_at(target, session) if req.keep else None
+            # everything that can refuse is checked first; then the rewind, then the capsule of
+            # the state landed at (the current one now): a refused call changes nothing, the
+            # capsule pool included (a checkpoint may evict an unpinned capsule)
+            if req.keep and target < cur:
+                self._can_keep(eng, s, target)
             if target < cur:
-                try:
-                    eng.rewind(cur - target, session)
-                except BaseException:
-                    if info is not None:  # a refused rewind keeps no capsule either
-                        eng.drop(info.id)
-                    raise
+                eng.rewind(cur - target, session)
+                self._moves[session] = self._moves.get(session, 0) + 1
+            info = eng.checkpoint(session) if req.keep else None
             step = eng.session_step(session)
         resp.success, resp.step = True, step
         resp.message = f"{session!r} back from step {cur} to step {step}" + (
@@ -302,6 +376,21 @@ class FlightServices:
             resp.capsule = capsule_msg(info)
         self.ctl.log.info(f"rewind: {resp.message}")
         return resp
+
+    @staticmethod
+    def _can_keep(eng, s, target: int) -> None:
+        """What Engine.checkpoint would refuse once the session is at `target` (lock held)."""
+        bad = nonfinite_regions(s.flight_state(target), s.table)
+        if bad:
+            raise BadRequest(
+                f"step {target} of session {s.name!r} holds NaN or Inf in {', '.join(bad)}; "
+                "refusing to keep it (rewind without keep, or ~/dump_flight writes it to files)"
+            )
+        if not eng.pool.has_room():
+            raise CapacityError(
+                f"capsule pool full: all {eng.pool.slab.shape[0]} slots hold pinned capsules; "
+                "unpin or drop one, or raise capsule_slots (nothing was rewound)"
+            )
 
     # -- ~/dump_flight ----------------------------------------------------------------------------
     async def dump_flight(self, req, resp):
@@ -315,10 +404,10 @@ class FlightServices:
                 if not self.ctl.cfg.capsule_dir:
                     raise BadRequest("dump_flight needs capsule_dir to be set (where to write)")
                 snap = self._snapshot(eng, session)
-            folder = self._new_folder(f"{session}-{utc_name(time.time())}")
             done: Future = Future()
-            self._jobs.put((snap, folder, None, "request", done))
-            paths = await done
+            name = f"{session}-{utc_name(time.time())}"
+            self._jobs.put((snap, self.ctl.cfg.capsule_dir, name, "", None, "request", done))
+            paths, _ = await done
         except Exception as e:
             return self._answer("dump_flight", resp, e)
         finally:
@@ -332,16 +421,20 @@ class FlightServices:
 
     # -- automatic dumps --------------------------------------------------------------------------
     def on_step_error(self, eng, session: str) -> None:
-        """A step of the live session failed (engine lock held): keep what led there."""
-        self._auto(eng, session, "fault")
+        """A step of the live session failed (engine lock held, control thread): ask for a dump
+        of what led there. No copy, no allocation, no disk here: the poisoned session does not
+        step, so its ring waits for the flight thread unchanged."""
+        self._want(eng, session, "fault")
 
     def on_deactivate(self) -> None:
+        """The loop has stopped: ask for a dump of the live session's ring."""
         with self.ctl.lock:
             eng = self.ctl.engine
             if eng is not None:
-                self._auto(eng, self.ctl.live, "deactivate")
+                self._want(eng, self.ctl.live, "deactivate")
 
-    def _auto(self, eng, session: str, reason: str) -> None:
+    def _want(self, eng, session: str, reason: str) -> None:
+        """Queue an automatic dump (engine lock held): checks and bookkeeping only."""
         cfg, log = self.ctl.cfg, self.ctl.log
         if cfg is None or not eng.flight_ticks or cfg.flight_dump_max_mb <= 0:
             return
@@ -365,64 +458,178 @@ class FlightServices:
                 f"of {eng.state_nbytes} B; {reason} dump skipped"
             )
             return
-        try:
-            snap = self._snapshot(eng, session, newest=fit)
-            folder = self._new_folder(f"{session}-{utc_name(time.time())}-{reason}")
-        except Exception as e:  # noqa: BLE001 (a failed dump never stops the node)
-            log.error(f"flight recorder: {reason} dump failed: {type(e).__name__}: {e}")
+        line = self._line(eng, session)
+        if line is None:
             return
         self._last_auto = now
-        self._jobs.put((snap, folder, budget, reason, None))
+        with self._taken:
+            self._wanted += 1
+        sref = weakref.ref(eng.session(session))
+        want = Wanted(
+            weakref.ref(eng), sref, session, reason, time.time(), line, fit, budget, cfg.capsule_dir
+        )
+        self._jobs.put(want)
+
+    def _take(self, want: Wanted) -> Snapshot | str:
+        """The wanted copy, taken on the flight thread one tick at a time under the engine lock
+        (each a short background hold: the control loop keeps its rate), or why not: the
+        session moved, or the engine is gone, since the dump was asked for."""
+        lock = self.ctl.lock
+
+        def moved(eng) -> str:
+            if eng is None or self.ctl.engine is not eng:
+                return "the node was cleaned up or configured again"
+            if (
+                self._line(eng, want.session) != want.line
+                or eng.session(want.session) is not want.sref()
+            ):
+                return (
+                    f"session {want.session!r} moved since (a step, rewind, restore, branch, "
+                    "reset or drop): its ring no longer holds what led there"
+                )
+            return ""
+
+        eng = want.engine()
+        with lock:
+            why = moved(eng)
+            if why:
+                return why
+            s = eng.session(want.session)
+            held = list(s.flight_steps())[-want.fit :]
+            stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
+            parent, nbytes, store = s.parent_id, eng.state_nbytes, eng.store
+        states = torch.empty((len(held), nbytes), dtype=torch.uint8)  # off the lock
+        cost = nbytes / COPY_BPS + 1e-4
+        for i, t in enumerate(held):
+            with lock.background(cost):
+                why = moved(eng)
+                if why:
+                    return why
+                states[i].copy_(eng.session(want.session).flight_state(t))
+        return Snapshot(want.session, parent, held, stamps, states, store)
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wait until the copies of the automatic dumps asked for so far are taken (not written):
+        call before the engine goes away (cleanup), without the engine lock held."""
+        with self._taken:
+            return self._taken.wait_for(lambda: self._wanted == 0, timeout=timeout)
 
     # -- the flight thread ------------------------------------------------------------------------
     def _work_forever(self) -> None:
         while (job := self._jobs.get()) is not None:
-            snap, folder, budget, reason, done = job
-            try:
-                paths = self._write(snap, folder, budget)
-            except Exception as e:  # noqa: BLE001
-                if done is not None:
-                    done.set_exception(e)
-                    self._wake.trigger()
-                else:
-                    self.ctl.log.error(f"flight recorder: {reason} dump to {folder} failed: {e}")
-                continue
-            self.last_dump, self.dumps = str(folder), self.dumps + 1
-            if done is not None:
-                done.set_result(paths)
-                self._wake.trigger()
-            self.ctl.log.info(
-                f"flight recorder: dumped {len(paths)} ticks of {snap.session!r} (steps "
-                f"{snap.steps[0]}..{snap.steps[-1]}, {reason}) to {folder}"
-            )
+            if isinstance(job, Wanted):
+                self._auto(job)
+            else:
+                self._run(*job)
 
-    def _write(self, snap: Snapshot, folder: Path, budget: int | None) -> list[Path]:
-        """Write into a hidden folder, bound it (automatic dumps), then rename it into place:
-        nobody ever sees half a dump."""
-        tmp = folder.parent / f".{folder.name}.partial"
+    def _auto(self, want: Wanted) -> None:
+        log = self.ctl.log
         try:
+            snap = self._take(want)
+        except Exception as e:  # noqa: BLE001 (CapacityError: no room between ticks for 10 s)  # noqa: BLE001 (a failed dump never stops the node)
+            snap = f"{type(e).__name__}: {e}"
+        finally:
+            with self._taken:
+                self._wanted -= 1
+                self._taken.notify_all()
+        if isinstance(snap, str):
+            log.warning(f"flight recorder: {want.reason} dump of {want.session!r} skipped: {snap}")
+            return
+        name = f"{want.session}-{utc_name(want.wall)}"
+        self._run(snap, want.capsule_dir, name, f"-{want.reason}", want.budget, want.reason, None)
+
+    def _run(self, snap, base: str, name: str, tail: str, budget, reason: str, done) -> None:
+        try:
+            paths, folder = self._write(snap, Path(base), name, tail, budget)
+        except Exception as e:  # noqa: BLE001
+            if done is not None:
+                done.set_exception(e)
+                self._wake.trigger()
+            else:
+                self.ctl.log.error(
+                    f"flight recorder: {reason} dump of {snap.session!r} to {base} failed: {e}"
+                )
+            return
+        self.last_dump, self.dumps = str(folder), self.dumps + 1
+        if done is not None:
+            done.set_result((paths, folder))
+            self._wake.trigger()
+        self.ctl.log.info(
+            f"flight recorder: dumped {len(paths)} ticks of {snap.session!r} (steps "
+            f"{snap.steps[0]}..{snap.steps[-1]}, {reason}) to {folder}"
+        )
+
+    def _write(self, snap: Snapshot, base: Path, name: str, tail: str, budget: int | None):
+        """Write into a hidden folder of our own, bound it (automatic dumps), then rename it into
+        place under a name reserved for it: nobody ever sees half a dump, and no dump replaces
+        another. Returns the files and the folder."""
+        root = self._root(base)
+        tmp = self._fresh(root, f".{name}{tail}", ".partial")
+        try:
+            require_real_dir(tmp)
             snap.write(tmp)
             if budget is not None:
-                self._bound(tmp, budget)
-            os.rename(tmp, folder)
+                self._bound(root, tmp, budget)
+            require_real_dir(root)
+            files = sorted(tmp.iterdir(), key=by_step)
+            folder = self._place(root, tmp, name, tail)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if real_dir(root) and real_dir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return sorted(folder.iterdir(), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        return [folder / p.name for p in files], folder
 
-    def _bound(self, tmp: Path, budget: int) -> None:
+    @staticmethod
+    def _fresh(root: Path, name: str, tail: str) -> Path:
+        """A new empty folder `root/name[-n]tail`, made here (exclusive: never an existing one)."""
+        for n in range(1, MAX_SUFFIX + 1):
+            path = root / (f"{name}{tail}" if n == 1 else f"{name}-{n}{tail}")
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            return path
+        raise BadRequest(f"no free folder name like {root / name}{tail} (tried {MAX_SUFFIX})")
+
+    @staticmethod
+    def _place(root: Path, tmp: Path, name: str, tail: str) -> Path:
+        """Rename `tmp` to `root/name[-n]tail`: each name is reserved first with an exclusive
+        mkdir, so the rename only ever replaces that empty folder of ours; a name taken (or
+        filled meanwhile) moves on to the next suffix."""
+        for n in range(1, MAX_SUFFIX + 1):
+            folder = root / (f"{name}{tail}" if n == 1 else f"{name}-{n}{tail}")
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue
+            try:
+                os.rename(tmp, folder)
+            except OSError as e:
+                if e.errno not in TAKEN:
+                    raise
+                with contextlib.suppress(OSError):  # ours, if still empty; else not ours: kept
+                    os.rmdir(folder)
+                continue
+            return folder
+        raise BadRequest(f"no free folder name like {root / name}{tail} (tried {MAX_SUFFIX})")
+
+    def _bound(self, root: Path, tmp: Path, budget: int) -> None:
         """Oldest ticks of the new dump, then the oldest automatic dumps, go until the automatic
-        dumps fit in `budget` bytes."""
-        files = sorted(tmp.iterdir(), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
-        size = {p: p.stat().st_size for p in files}
+        dumps fit in `budget` bytes. Only real folders under a real `root` are ever removed."""
+        files = sorted(tmp.iterdir(), key=by_step)
+        size = {p: p.stat(follow_symlinks=False).st_size for p in files}
         while len(files) > 1 and sum(size[p] for p in files) > budget:
             files.pop(0).unlink()
         mine = sum(size[p] for p in files)
-        older = auto_dumps(tmp.parent)
+        require_real_dir(root)
+        older = auto_dumps(root)
         total = mine + sum(folder_bytes(d) for d in older)
         while older and total > budget:
             d = older.pop(0)
             total -= folder_bytes(d)
+            if not (real_dir(root) and real_dir(d)):
+                self.ctl.log.warning(f"flight recorder: not removing {d}: not a real folder")
+                continue
             shutil.rmtree(d, ignore_errors=True)
             self.ctl.log.info(f"flight recorder: removed {d} (flight_dump_max_mb)")
 

@@ -63,8 +63,9 @@ def use_compile_cache(folder: str | Path | None, key: str) -> Path | None:
     path = Path(folder).expanduser() / key
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadRequest(f"compile_cache_dir {str(folder)!r}: cannot create {path}: {e}") from e
+    except OSError as e:  # a cache only saves time: never fail a start for it (read-only HOME)
+        log.warning("compile cache off: cannot create %s (%s); torch's defaults apply", path, e)
+        return None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path / "inductor")
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     return path
@@ -861,7 +862,7 @@ class Engine:
             pinned=False,
             stamp=time.time(),
         )
-        return self.store.write(path, info, src)
+        return self.store.write(path, info, src, overwrite=False)
 
     def flight_bytes(self) -> int:
         """Device bytes held by the flight rings of all sessions."""

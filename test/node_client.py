@@ -26,7 +26,7 @@ class NodeClient:
         self.goals_applied = 0
         self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
         self._goal = n.create_publisher(Float64MultiArray, proc.topic("goal"), 10)
-        n.create_subscription(
+        self._cmd_sub = n.create_subscription(
             Float64MultiArray,
             proc.topic("commands"),
             lambda m: self.commands.append(np.array(m.data)),
@@ -37,12 +37,16 @@ class NodeClient:
         n.create_subscription(
             Float64MultiArray, proc.service("goal_applied"), self._on_goal_applied, latched
         )
+        # matched both ways before the first message: DDS keeps nothing for a late reader, so an
+        # observation or a command sent before discovery completes would just be lost
         assert ros.spin_until(
             lambda: (
-                self._js.get_subscription_count() > 0 and self._goal.get_subscription_count() > 0
+                self._js.get_subscription_count() > 0
+                and self._goal.get_subscription_count() > 0
+                and self._cmd_sub.get_publisher_count() > 0
             ),
             20,
-        ), "node does not subscribe joint_states/goal"
+        ), "node does not subscribe joint_states/goal, or does not publish commands"
 
     def _on_diag(self, msg) -> None:
         for st in msg.status:

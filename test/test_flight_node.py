@@ -50,6 +50,7 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
     )
     node = NodeClient(ros, proc)
     js = ros.node.create_publisher(JointState, proc.topic("joint_states"), 100)
+    assert ros.spin_until(lambda: js.get_subscription_count() > 0, 20), "joint_states unmatched"
 
     def step(i: int) -> np.ndarray:
         n = len(node.commands)

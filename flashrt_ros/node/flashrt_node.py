@@ -1,14 +1,12 @@
 """The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
 
-Threads: rclpy's executor runs the goal subscription and, in observation mode with cameras,
-joint_states and the images (one mutually exclusive group, in arrival order). In observation
-mode without cameras a Waiter thread takes joint_states off the executor (polled.py); goals stay
-on the executor, so a client that needs a goal applied first waits for ~/goal_applied. The
-services run on a node and an executor thread of their own (services.py, main.py). The timer
-trigger runs its own thread, which takes joint_states itself at the top of each tick (polled.py
-says why). A rollout steps on a thread of its own (services.py). Every Engine
-call holds the engine lock (loop.EngineLock), so a service request always lands between two
-steps; the control tick goes first, and a rollout steps only where no tick is due.
+Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states and
+the images (one mutually exclusive group, so they are handled in arrival order). The services
+run on a node and an executor thread of their own (services.py, main.py). The timer trigger
+runs its own thread, which takes joint_states itself at the top of each tick (polled.py says
+why). A rollout steps on a thread of its own (services.py). Every Engine call holds the engine
+lock (loop.EngineLock), so a service request always lands between two steps; the control tick
+goes first, and a rollout steps only where no tick is due.
 
 Safety: nothing non-finite is ever published. A step that produces a NaN/Inf action (or fails on
 the device) is a fault: nothing is published, it is counted and logged, /diagnostics goes ERROR,
@@ -38,7 +36,7 @@ from flashrt_ros.node.cameras import Cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
-from flashrt_ros.node.polled import PolledGroup, Waiter, take
+from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, ServiceHost, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.images import match_policy, parse_cameras
@@ -71,7 +69,6 @@ class FlashrtNode(LifecycleNode):
         self._cams: Cameras | None = None  # camera/<name>/image_raw (cameras.py)
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
-        self._waiter: Waiter | None = None  # observation trigger: joint_states off the executor
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
@@ -164,22 +161,11 @@ class FlashrtNode(LifecycleNode):
                 "joint_states",
                 self._on_joint_states,
                 qos_profile_sensor_data if cfg.trigger == "timer" else 100,
-                # timer mode: the control thread takes joint_states itself (polled.py says why);
-                # observation mode without cameras: a Waiter thread does (polled.py)
-                callback_group=self._polled
-                if cfg.trigger == "timer" or not cameras
-                else self._cb_inputs,
+                # timer mode: the control thread takes joint_states itself (polled.py says why)
+                callback_group=self._polled if cfg.trigger == "timer" else self._cb_inputs,
             ),
         ]
         self._js_sub = self._subs[1]
-        if cfg.trigger == "observation" and not cameras:
-            self._waiter = Waiter(
-                self._js_sub,
-                self._on_joint_states,
-                self._on_tick_error,
-                self.context,
-                "flashrt-observations",
-            ).start()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
@@ -261,9 +247,6 @@ class FlashrtNode(LifecycleNode):
         return super().on_shutdown(state)
 
     def _release(self) -> None:
-        if self._waiter is not None:
-            self._waiter.stop()
-            self._waiter = None
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None

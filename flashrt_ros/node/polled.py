@@ -10,10 +10,7 @@ one period old, which is what `obs_timeout_s` is checked against.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
-from collections.abc import Callable
 
 from rclpy.callback_groups import CallbackGroup
 
@@ -44,66 +41,3 @@ def take(sub) -> tuple[object, float] | None:
     rx = info.get("received_timestamp", 0) if isinstance(info, dict) else 0
     age = max(0.0, (time.time_ns() - rx) * 1e-9) if rx else 0.0
     return msg, age
-
-
-class Waiter:
-    """A thread that waits on one polled subscription and hands each message to `callback`.
-
-    The observation trigger's path: joint_states -> step -> publish without rclpy's executor.
-    The thread's wait set holds the subscription and a stop guard only and is built once; the
-    wait itself releases the GIL. Dispatching the same message through the node's
-    SingleThreadedExecutor first rebuilds a wait set in Python over the node's ~40 entities
-    (spin_once with nothing ready: 220 us on the 2-core CPU machine, 137 us for a bare node).
-    Messages are handed over in arrival order, one at a time, on this one thread.
-    """
-
-    def __init__(
-        self,
-        sub,
-        callback: Callable[[object], None],
-        on_error: Callable[[Exception], None],
-        context,
-        name: str,
-    ) -> None:
-        """`on_error` gets what a callback raised; the thread goes on with the next message."""
-        from rclpy.guard_condition import GuardCondition
-
-        self.sub, self.callback, self.on_error, self.context = sub, callback, on_error, context
-        self._stop = False
-        self._gc = GuardCondition(None, None, context=context)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> Waiter:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Ends the thread (it finishes the message in hand first); idempotent."""
-        self._stop = True
-        with contextlib.suppress(Exception):
-            self._gc.trigger()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-        with contextlib.suppress(Exception):
-            self._gc.destroy()
-
-    def _run(self) -> None:
-        from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
-
-        sub, gc = self.sub, self._gc
-        try:
-            with sub.handle, gc.handle, self.context.handle:
-                ws = _rclpy.WaitSet(1, 1, 0, 0, 0, 0, self.context.handle)
-                while not self._stop:
-                    ws.clear_entities()
-                    ws.add_subscription(sub.handle)
-                    ws.add_guard_condition(gc.handle)
-                    ws.wait(-1)
-                    while not self._stop and (got := take(sub)) is not None:
-                        try:
-                            self.callback(got[0])
-                        except Exception as e:
-                            self.on_error(e)
-        except Exception:  # the context or the subscription went away: shutting down
-            if not self._stop and self.context.ok():
-                raise

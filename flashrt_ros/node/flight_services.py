@@ -580,28 +580,29 @@ class FlightServices:
         return [folder / p.name for p in files], folder
 
     @staticmethod
-    def _fresh(root: Path, name: str, tail: str) -> Path:
-        """A new empty folder `root/name[-n]tail`, made here (exclusive: never an existing one)."""
+    def _reserved(root: Path, name: str, tail: str):
+        """New empty folders `root/name[-n]tail`, each made here with an exclusive mkdir (never
+        an existing one), in suffix order; BadRequest once MAX_SUFFIX names are taken."""
         for n in range(1, MAX_SUFFIX + 1):
             path = root / (f"{name}{tail}" if n == 1 else f"{name}-{n}{tail}")
             try:
                 os.mkdir(path)
             except FileExistsError:
                 continue
-            return path
+            yield path
         raise BadRequest(f"no free folder name like {root / name}{tail} (tried {MAX_SUFFIX})")
+
+    @staticmethod
+    def _fresh(root: Path, name: str, tail: str) -> Path:
+        """A new empty folder `root/name[-n]tail`, made here."""
+        return next(FlightServices._reserved(root, name, tail))
 
     @staticmethod
     def _place(root: Path, tmp: Path, name: str, tail: str) -> Path:
         """Rename `tmp` to `root/name[-n]tail`: each name is reserved first with an exclusive
         mkdir, so the rename only ever replaces that empty folder of ours; a name taken (or
         filled meanwhile) moves on to the next suffix."""
-        for n in range(1, MAX_SUFFIX + 1):
-            folder = root / (f"{name}{tail}" if n == 1 else f"{name}-{n}{tail}")
-            try:
-                os.mkdir(folder)
-            except FileExistsError:
-                continue
+        for folder in FlightServices._reserved(root, name, tail):
             try:
                 os.rename(tmp, folder)
             except OSError as e:
@@ -611,7 +612,7 @@ class FlightServices:
                     os.rmdir(folder)
                 continue
             return folder
-        raise BadRequest(f"no free folder name like {root / name}{tail} (tried {MAX_SUFFIX})")
+        raise AssertionError("unreachable: _reserved raises when no name is left")
 
     def _bound(self, root: Path, tmp: Path, budget: int) -> None:
         """Oldest ticks of the new dump, then the oldest automatic dumps, go until the automatic

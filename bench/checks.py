@@ -364,6 +364,42 @@ def exported_policy(steps: int = 200) -> list[Check]:
     ]
 
 
+def flight_ring(ticks: int = 5, steps: int = 13) -> list[Check]:
+    """The flight ring is written by cuda/ring.py's kernel inside the captured step, fused and
+    unfused: after a wrap every listed slot holds the state it claims, and a rewind plus the
+    same observations replays the original actions bit for bit."""
+    out = []
+    for fuse in (True, False):
+        eng = hybrid_engine(flight_ticks=ticks, fuse=fuse)
+        s = eng.session("main")
+        obs = obs_stream(steps, seed=4)
+        acts, snaps = [], {0: eng.state_bytes()}
+        for i, o in enumerate(obs):
+            acts.append(eng.step(o))
+            snaps[i + 1] = eng.state_bytes()
+        held = eng.flight()
+        wrong = [t for t in held[:-1] if s.flight_state(t).cpu().numpy().tobytes() != snaps[t]]
+        k = len(held) - 1
+        eng.rewind(k)
+        again = _steps(eng, obs[steps - k :])
+        tag = "fused" if fuse else "unfused"
+        out += [
+            check(f"ring_kernel_in_use_{tag}", s.ring_kernel and s.captured),
+            check(
+                f"ring_slots_hold_their_steps_{tag}",
+                not wrong and held == list(range(steps - ticks + 1, steps + 1)),
+                held=held,
+                wrong=wrong,
+            ),
+            check(
+                f"ring_rewind_replays_bitwise_{tag}",
+                np.array_equal(again, np.array(acts[steps - k :])),
+                k=k,
+            ),
+        ]
+    return out
+
+
 # -- running and reporting -------------------------------------------------------------------
 def run_groups(groups: Iterable[tuple[str, Callable[[], list[Check]]]], log=print) -> list[Check]:
     """Run each group; one that raises becomes the failed check `<group>_ran` (traceback on

@@ -36,6 +36,7 @@ CHECK_GROUPS = [
     ("capsules", ck.capsules_continue),
     ("checksum", ck.checksum_kernel),
     ("copies", ck.copies_exact),
+    ("flight_ring", ck.flight_ring),
 ]
 
 

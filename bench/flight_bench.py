@@ -118,6 +118,7 @@ def measure(spec: dict, device: str, ticks: int, iters: int, warmup: int, sync) 
     return {
         "policy": spec["name"],
         "state_nbytes": on.state_nbytes,
+        "ring_kernel": on.session("main").ring_kernel,  # cuda/ring.py (else torch's scatter)
         "step_p50_us_off": pct(t_off, 50),
         "step_p99_us_off": pct(t_off, 99),
         "step_p50_us_on": pct(t_on, 50),

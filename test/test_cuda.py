@@ -54,6 +54,12 @@ def test_checksum_kernel_equals_reference_and_sees_a_flipped_bit(ck):
     assert_checks(ck.checksum_kernel())
 
 
+def test_flight_ring_kernel_records_inside_the_graph(ck):
+    """cuda/ring.py's kernel writes the ring inside the captured step (fused and unfused):
+    slots hold their steps after a wrap, and a rewind replays bit for bit."""
+    assert_checks(ck.flight_ring())
+
+
 def test_copies_exact_256B_to_64MB_and_cache_eviction(ck):
     assert_checks(ck.copies_exact())
 

@@ -1,5 +1,6 @@
-"""A 128-bit digest of a byte buffer as one CUDA kernel, compiled at run time by NVRTC and
-launched through the driver (cuda-python).
+"""Kernels compiled at run time by NVRTC and launched through the driver (cuda-python):
+`build` compiles one (ring.py uses it too); this module's own is the capsule checksum, a
+128-bit digest of a byte buffer as one CUDA kernel.
 
 Why not torch: the same digest in torch is a dozen elementwise kernels with state-sized int64
 temporaries (about 250 us for a 1 MB state on an H200, nearly all launch and allocation cost,
@@ -65,13 +66,14 @@ _blocks: dict[int, int] = {}
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
 
 
-def _compile(index: int, lanes: tuple) -> object:
+def build(index: int, source: str, name: str) -> object:
+    """Compile CUDA C `source` for device `index` with NVRTC and return its kernel `name` (a
+    CUfunction). Raises RuntimeError with NVRTC's log when it does not compile."""
+    if _drv is None or _nvrtc is None:
+        raise RuntimeError("cuda-python's driver or NVRTC bindings are not installed")
     major, minor = torch.cuda.get_device_capability(index)
-    src = SOURCE
-    for k, (m1, m2) in enumerate(lanes):
-        src = src.replace(f"LANE{k}_M1", f"{m1}ull").replace(f"LANE{k}_M2", f"{m2}ull")
     prog = _check(
-        _nvrtc.nvrtcCreateProgram(src.encode(), b"frt_checksum.cu", 0, [], []),
+        _nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
         "nvrtcCreateProgram",
     )
     opts = [f"--gpu-architecture=sm_{major}{minor}".encode()]
@@ -87,9 +89,20 @@ def _compile(index: int, lanes: tuple) -> object:
     _nvrtc.nvrtcDestroyProgram(prog)
     ensure_context(index)
     module = _check(_drv.cuModuleLoadData(cubin), "cuModuleLoadData")
-    func = _check(_drv.cuModuleGetFunction(module, b"frt_checksum"), "cuModuleGetFunction")
-    _blocks[index] = 4 * torch.cuda.get_device_properties(index).multi_processor_count
-    return func
+    return _check(_drv.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
+
+
+def sm_count(index: int) -> int:
+    if index not in _blocks:
+        _blocks[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _blocks[index]
+
+
+def _compile(index: int, lanes: tuple) -> object:
+    src = SOURCE
+    for k, (m1, m2) in enumerate(lanes):
+        src = src.replace(f"LANE{k}_M1", f"{m1}ull").replace(f"LANE{k}_M2", f"{m2}ull")
+    return build(index, src, "frt_checksum")
 
 
 def function(index: int, lanes: tuple):
@@ -122,7 +135,7 @@ def launch_checksum(buf: torch.Tensor, out: torch.Tensor, lanes: tuple, h=None) 
     h = stream(index) if h is None else h
     n = buf.numel() // 4
     _check(_drv.cuMemsetD8Async(ptr(out.data_ptr()), 0, 16, h), "cuMemsetD8Async")
-    grid = max(1, min(_blocks[index], (n + THREADS - 1) // THREADS))
+    grid = max(1, min(4 * sm_count(index), (n + THREADS - 1) // THREADS))
     params = ((buf.data_ptr(), n, out.data_ptr()), _ARGTYPES)
     _check(_drv.cuLaunchKernel(func, grid, 1, 1, THREADS, 1, 1, 0, h, params, 0), "cuLaunchKernel")
     return True

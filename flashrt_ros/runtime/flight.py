@@ -3,8 +3,10 @@
 When a learned policy misbehaves on a robot, the state it acted from is what one needs, and
 by the time anybody asks it has been stepped over. A capsule is one device copy, so keeping
 one per tick is affordable: slot `step % N` of the ring receives the whole arena at the start
-of every step, as an op of the captured step whose slot comes from the step counter on the
-device (no host work, no extra launch, sync or allocation per tick). Recording the state a
+of every step, as a node of the captured step whose slot comes from the step counter on the
+device (no host work, no extra launch, sync or allocation per tick). On CUDA that node is our
+own copy kernel (cuda/ring.py), running beside the input uploads; on the CPU, and where the
+kernel cannot be built, it is `record` below, inside the step function. Recording the state a
 step *starts* from, rather than the one it ends with, means the ring holds exactly what the
 next step saw, commit-boundary edits included (a goal swapped between two steps): a rewind
 then continues bit for bit. The state after the latest step is the arena itself.
@@ -44,9 +46,9 @@ def check_int(x: object, what: str) -> int:
 
 
 def record(ring: torch.Tensor, buf: torch.Tensor, step: torch.Tensor) -> None:
-    """ring[step % N] <- buf, the slot computed on the device: capturable (no host sync, no
-    Python branch on a tensor), and traceable by inductor (one fused scatter kernel). The
-    arena is moved as int64 words: eight times fewer elements than bytes."""
+    """ring[step % N] <- buf with torch ops, the slot computed from the tensor: capturable (no
+    host sync, no Python branch on a tensor) and traceable by inductor. The CPU path and the
+    fallback of cuda/ring.py. The arena is moved as int64 words: eight times fewer elements."""
     ring.index_copy_(0, step % ring.shape[0], buf.view(ring.dtype).view(1, -1))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from flashrt_ros.cuda import ring as ring_kernel
 from flashrt_ros.cuda.copy import copy_io
 from flashrt_ros.policies.base import Policy, StateEntry
 from flashrt_ros.runtime.arena import Arena
@@ -27,10 +28,10 @@ def arena_step(
 ) -> None:
     """raw_step over views made from the arena's bytes inside the call. The compiler sees one
     mutated input (the arena) instead of many aliasing views of different dtypes, which
-    aot_autograd cannot functionalize. With a flight ring, the arena the step starts from is
-    written to its slot first, inside the same compiled function: one scatter kernel whose
-    slot index it computes on the device from the step counter (measured on the H200: no
-    change in step p50, bench/flight_bench.py). With `conv` (dict policies), `obs` is the dict
+    aot_autograd cannot functionalize. With `ring` (the torch path of the flight recorder:
+    the CPU, or CUDA without cuda/ring.py's kernel), the arena the step starts from is
+    written to its slot first, inside the same function, the slot index computed from the
+    step counter on the device. With `conv` (dict policies), `obs` is the dict
     of raw input buffers and the images are converted here, inside the step."""
     views = {
         name: buf[off : off + n].view(dtype).view(shape) for name, dtype, shape, off, n in table
@@ -130,6 +131,14 @@ class Session:
         fused = fused_step() if fuse else None
         self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
         ring = self.flight.words if self.flight is not None else None
+        # On CUDA the ring write is our own kernel (cuda/ring.py), launched in the step graph
+        # beside the input uploads; elsewhere it is torch's scatter inside the step function.
+        self.ring_kernel = bool(
+            ring is not None
+            and use_graph
+            and torch.device(device).type == "cuda"
+            and ring_kernel.usable(ring, buf, self.views["step"])
+        )
         kinds = range(len(policy.tick_kinds))
         # per tick kind: the inputs it reads, in input_spec order (only those are staged)
         self.tick_names = [
@@ -169,12 +178,21 @@ class Session:
         else:
             conv, obs = None, self.obs
 
+        own_ring = ring if ring is not None and self.ring_kernel else None
+        ring = None if own_ring is not None else ring  # what the step function records itself
+        step = views["step"]
+
         def step_fn() -> None:
+            if own_ring is not None:
+                ring_kernel.launch(own_ring, buf, step)
+            policy_step_fn()
+
+        def policy_step_fn() -> None:
             if fused is not None:
                 fused(policy, buf, obs, action, chunk, table, ring, kind, conv)
             else:
                 if ring is not None:
-                    record(ring, buf, views["step"])
+                    record(ring, buf, step)
                 x = policy_inputs(obs, conv) if conv is not None else obs
                 raw_step(policy, x, views, action, chunk, kind)
 
@@ -183,11 +201,23 @@ class Session:
         if plan.use_graph:
             host = {n: self.inputs.host[n] for n in names}
             host_action, host_chunk = self.host_action, self.host_chunk
+            # The ring write reads the arena, the uploads write only input buffers: in the
+            # graph they are two branches that run side by side, joined before the step.
+            side = torch.cuda.Stream(device) if own_ring is not None else None
 
             def io_step_fn() -> None:
+                if side is not None:
+                    cur = torch.cuda.current_stream(device)
+                    side.wait_stream(cur)
+                    with torch.cuda.stream(side):
+                        ring_kernel.launch(own_ring, buf, step)
                 for n, d in dev.items():
                     copy_io(d, host[n])
-                step_fn()
+                if side is not None:
+                    cur.wait_stream(side)
+                    policy_step_fn()
+                else:
+                    step_fn()
                 copy_io(host_action, action)
                 copy_io(host_chunk, chunk)
 

@@ -173,11 +173,20 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
     return rows
 
 
-def policies_rows(device: str = "cuda", quick: bool = False, log=print, on_rows=None) -> list[dict]:
+def policies_rows(
+    device: str = "cuda", quick: bool = False, log=print, on_rows=None, only: str = ""
+) -> list[dict]:
     """Every configured policy's rows; a policy that fails is logged and left out (its error
     in the row list as {"policy", "size", "error"}), so one failure does not lose the rest.
-    `on_rows(rows)` is called after each policy, so a run cut short still leaves its rows."""
+    `on_rows(rows)` is called after each policy, so a run cut short still leaves its rows.
+    `only` (comma-separated "spec/size", e.g. "builtin:diffusion/lerobot-10") keeps those."""
     configs = QUICK if quick else FULL
+    if only:
+        keep = set(only.split(","))
+        unknown = keep - {f"{c[0]}/{c[1]}" for c in configs}
+        if unknown:
+            raise SystemExit(f"--only: unknown {sorted(unknown)}")
+        configs = [c for c in configs if f"{c[0]}/{c[1]}" in keep]
     ticks, budget = (40, 5.0) if quick else (1000, 6.0)
     rows = []
     t_start = time.perf_counter()
@@ -199,13 +208,21 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="write {'policies': rows} as JSON here")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated spec/size rows to run, e.g. "
+        "builtin:diffusion/lerobot-10 (default: all)",
+    )
     a = ap.parse_args()
 
     def save(rows: list[dict]) -> None:
         if a.out:
             a.out.write_text(json.dumps({"policies": rows}, indent=1))
 
-    rows = policies_rows(a.device, a.quick, log=lambda *x: print(*x, flush=True), on_rows=save)
+    rows = policies_rows(
+        a.device, a.quick, log=lambda *x: print(*x, flush=True), on_rows=save, only=a.only
+    )
     for r in rows:
         print(json.dumps(r))
     return 1 if any("error" in r for r in rows) else 0

@@ -113,6 +113,21 @@ def test_denoising_steps_are_a_config_value():
     assert a.shape == b.shape == (1, 16, 6)
 
 
+@pytest.mark.parametrize("k,stride,pad", [(5, 1, 2), (1, 1, 0), (3, 2, 1)])
+def test_denoiser_convolution_as_a_product_equals_conv1d(k, stride, pad):
+    """The UNet's convolutions run as one matrix product (diffusion._Conv1d, far faster at the
+    lerobot size on the GPU); they must stay the convolution a LeRobot checkpoint expects."""
+    from flashrt_ros.policies.diffusion import _Conv1d
+
+    torch.manual_seed(k)
+    conv = _Conv1d(8, 6, k, stride, pad)
+    plain = torch.nn.Conv1d(8, 6, k, stride, pad)
+    plain.load_state_dict(conv.state_dict())  # the same parameters, under the same names
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 def test_lerobot_sizes():
     act = make_act("lerobot", image_hw=(96, 128))  # LeRobot's shapes but small images, for speed
     c = act.config

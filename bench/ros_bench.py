@@ -74,8 +74,10 @@ def obs_row(k: int) -> tuple[list[float], list[float]]:
 
 # ------------------------------------------------------------------------------------------------
 # --stream: a helper process that publishes joint_states at a fixed rate (absolute deadlines)
-def stream_main(rate: float, seconds: float, topic: str) -> int:
+def stream_main(rate: float, seconds: float, topic: str, reliable: bool = False) -> int:
     """Publish joint_states until `seconds` pass or SIGTERM/SIGINT; exit 0 without a traceback.
+    QoS: sensor data (best effort, as the timer trigger's subscription), or `reliable` (depth
+    100, as the observation trigger's: a best-effort writer never matches a reliable reader).
 
     rclpy installs no signal handlers here (they would shut the context down under the publish
     loop): a signal only sets a flag, the loop stops publishing, then the node and the context
@@ -88,11 +90,12 @@ def stream_main(rate: float, seconds: float, topic: str) -> int:
     rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
-    from rclpy.qos import qos_profile_sensor_data
+    from rclpy.qos import QoSProfile, qos_profile_sensor_data
 
     ctx = rclpy.get_default_context()
     node = rclpy.create_node(f"flashrt_bench_streamer_{os.getpid()}")
-    pub = node.create_publisher(JointState, topic, qos_profile_sensor_data)
+    qos = QoSProfile(depth=100) if reliable else qos_profile_sensor_data
+    pub = node.create_publisher(JointState, topic, qos)
     period = 1.0 / rate
     msg = JointState(name=list(JOINTS))
     n = late = 0
@@ -288,7 +291,7 @@ def node_params(args, **extra) -> dict:
     return p
 
 
-def streamer(rate: float, seconds: float, topic: str) -> subprocess.Popen:
+def streamer(rate: float, seconds: float, topic: str, reliable: bool = False) -> subprocess.Popen:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -298,6 +301,7 @@ def streamer(rate: float, seconds: float, topic: str) -> subprocess.Popen:
         str(seconds),
         "--topic",
         topic,
+        *(["--reliable"] if reliable else []),
     ]
     return subprocess.Popen(
         cmd,
@@ -560,16 +564,21 @@ def run_observation(ros, args, n: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# cameras: 2 x 640x480 rgb8 images -> the first command that used them
+# cameras: 2 x 640x480 rgb8 images at 30 Hz, joint_states streamed at 500 Hz -> the first command
+# that stepped on both images
 CAMERA_PROBE = "bench.ros_bench:camera_probe_policy"
+CAMERAS = ("top", "wrist")
+CAMERA_HZ = 30.0
+CAMERA_JS_HZ = 500.0
 
 
 def camera_probe_policy(height: int = 480, width: int = 640):
     """A LeRobot-shaped policy over two rgb8 cameras (top, wrist) whose action tells which
-    images it stepped on: action = the 6 joint positions + (top[0, 0, R], wrist[0, 0, R]) in
-    [0, 1] on joints 1 and 2. It reads every pixel (the mean, times 0), so the node converts and
-    uploads both whole images as a real policy would; the network itself costs nothing, so
-    the figure is the node's camera path."""
+    images it stepped on: joints 1 and 2 of the action are top[0, 0, R] and wrist[0, 0, R] in
+    [0, 1] (pixel / 255, whatever the joint positions), joints 3 to 6 the joint positions. It
+    reads every pixel (the mean, times 0), so the node converts and uploads both whole images
+    as a real policy would; the network itself costs nothing, so the figure is the node's
+    camera path."""
     from types import SimpleNamespace as NS
 
     import torch
@@ -595,27 +604,84 @@ def camera_probe_policy(height: int = 480, width: int = 640):
             top, wrist = batch["observation.images.top"], batch["observation.images.wrist"]
             probe = torch.stack([top[:, 0, 0, 0], wrist[:, 0, 0, 0]], -1)
             seen = 0.0 * (top.mean((1, 2, 3)) + wrist.mean((1, 2, 3)))[:, None]
-            a = batch["observation.state"][:, :6] + torch.nn.functional.pad(probe, (0, 4)) + seen
-            return a[:, None]
+            a = torch.cat(
+                [probe.to(batch["observation.state"].dtype), batch["observation.state"][:, 2:6]], -1
+            )
+            return (a + seen)[:, None]
 
     return Probe()
 
 
-def run_camera(ros, args, n: int, warm: int = 20) -> dict:
-    """Observation trigger with two 640x480 rgb8 cameras: per sample, publish a new image on
-    each camera, then a joint_states; the latency is from the first image's publish to the
-    command that stepped on both. With the probe policy the command says which images it used
-    (an image that arrived after its joint_states shows as an older value: one more
-    joint_states is sent until the command carries it, counted as `late`); with another policy
-    (--camera-policy) it is the first command after the joint_states."""
-    from sensor_msgs.msg import Image, JointState
+def camera_pair(v: int) -> list:
+    """The two rgb8 640x480 images of one probe value: top all v, wrist all v + 1."""
+    from sensor_msgs.msg import Image
 
+    msgs = []
+    for i in range(len(CAMERAS)):
+        m = Image(height=480, width=640, encoding="rgb8", step=640 * 3)
+        m.data = bytes([v + i]) * (480 * 640 * 3)
+        msgs.append(m)
+    return msgs
+
+
+def camera_probe_values(a) -> tuple[int, int]:
+    """(top, wrist) pixel values that a probe policy's command stepped on."""
+    return round(a[0] * 255), round(a[1] * 255)
+
+
+def camera_match(
+    cl: Client, pair: tuple, probe: bool, timeout_ns: int, or_newer: bool = False
+) -> int | None:
+    """Index in cl's commands of the first one received after `pair` (v, t_mono, t_wall, m0:
+    the command count at its publish) that stepped on its images: probe values (v, v + 1), or
+    with `or_newer` these or newer ones on each camera (v counts modulo 250); another policy:
+    any command. None when none came within `timeout_ns` of the publish."""
+    v, t_mono, _, m0 = pair
+    for i in range(m0, len(cl.cmd_cb)):
+        if cl.cmd_cb[i] - t_mono > timeout_ns:
+            return None
+        if not probe:
+            return i
+        top, wrist = camera_probe_values(cl.cmd_vals[i])
+        if (top, wrist) == (v, v + 1) or (
+            or_newer and (top - v) % 250 < 125 and (wrist - v - 1) % 250 < 125
+        ):
+            return i
+    return None
+
+
+def run_camera(
+    ros, args, n: int, warm: int = 20, timeout: float = 1.0, js_rate: float = CAMERA_JS_HZ
+) -> dict:
+    """Observation trigger with two 640x480 rgb8 cameras (top, wrist) as a robot streams them.
+
+    A helper process (streamer(), as the timer runs, but reliable QoS as the observation
+    trigger's subscription) publishes joint_states at `js_rate` (500 Hz) for the whole
+    scenario, each one triggering one policy step on the newest valid image of each camera;
+    this process publishes image pairs at 30 Hz, each pair with a new probe value v (top all
+    v, wrist all v + 1, v in 1..250, consecutive pairs distinct). A pair's latency is from
+    just before its first image is published to the first command that stepped on both of its
+    images (with the probe policy the command carries v / 255 and (v + 1) / 255 on joints 1
+    and 2), in the client callback (cb) and from the command's DDS reception stamp (dds), as
+    latency_summary. It holds the image transport, the wait for the next joint_states (up to
+    one period, 2 ms), the node's step and the command's transport: what a streaming robot
+    sees. With another policy (--camera-policy) nothing tells which images a command used: the
+    latency is then to the first command received after the pair was published, mostly the
+    joint_states phase and the step, not the camera path.
+
+    Pairs sent before the first command (the streamer and discovery starting) and the next
+    `warm` ones are not counted. A counted pair without its command within `timeout` s is
+    `missed` (kept out of the percentiles, never silently dropped); `missed_superseded` of
+    them had a command step on this pair's or newer images instead (one camera's image came
+    so late that the other camera's next one overtook it: no step saw both of this pair).
+    `fresh` (probe only) is the same latency to the first command whose images are this
+    pair's or newer on both cameras, which drops no superseded pair."""
     probe = args.camera_policy == CAMERA_PROBE
     old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
     try:
         params = node_params(
-            args, trigger="observation", cameras=["top", "wrist"], policy=args.camera_policy
+            args, trigger="observation", cameras=list(CAMERAS), policy=args.camera_policy
         )
         proc, startup = start_node(ros, params, args.startup_timeout)
     finally:
@@ -623,73 +689,114 @@ def run_camera(ros, args, n: int, warm: int = 20) -> dict:
             os.environ.pop("PYTHONPATH")
         else:
             os.environ["PYTHONPATH"] = old
+    from sensor_msgs.msg import Image
+
     cl = Client(ros, proc)
     pubs = [
-        ros.node.create_publisher(Image, proc.topic(f"camera/{c}/image_raw"), 10)
-        for c in ("top", "wrist")
+        ros.node.create_publisher(Image, proc.topic(f"camera/{c}/image_raw"), 10) for c in CAMERAS
     ]
-    js = JointState(name=list(JOINTS), position=[0.0] * 6, velocity=[0.0] * 6)
-    size = 480 * 640 * 3
-    lat_cb, lat_rx, late = [], [], 0
+    period, timeout_ns = 1.0 / CAMERA_HZ, int(timeout * 1e9)
+    pairs: list[tuple] = []  # counted: (v, t_mono ns, t_wall ns, command count at publish)
+    sp = None
+    sent = behind = 0
     try:
         for p in pubs:
             cl.wait_subscribed(pub=p)
         cl.wait_subscribed()
-        for k in range(n + warm):
-            v = 1 + k % 250
-            msgs = []
-            for i in range(2):
-                m = Image(height=480, width=640, encoding="rgb8", step=640 * 3)
-                m.data = bytes([v + i]) * size
-                msgs.append(m)
+        sp = streamer(js_rate, 900.0, proc.topic("joint_states"), reliable=True)  # stopped below
+        msgs = camera_pair(1)
+        nxt = time.monotonic()
+        first_by = nxt + 30.0  # the streamer and discovery: the first command within 30 s
+        warm_left = None  # pairs still to send uncounted once commands flow
+        while len(pairs) < n:
+            cl.spin_for(nxt - time.monotonic())  # the commands meanwhile
+            if warm_left is None:
+                if cl.cmd_cb:
+                    warm_left = warm
+                elif time.monotonic() > first_by:
+                    raise RuntimeError(
+                        f"no command within 30 s of streaming joint_states at {js_rate:g} Hz "
+                        f"with images at {CAMERA_HZ:g} Hz (streamer {stop_streamer(sp)})\n"
+                        f"{proc.log_tail()}"
+                    )
+            v = 1 + sent % 250
             m0 = len(cl.cmd_cb)
             t_wall, t_mono = time.time_ns(), time.monotonic_ns()
             for p, m in zip(pubs, msgs, strict=True):
                 p.publish(m)
-            for _ in range(50):
-                got = len(cl.cmd_cb)
-                cl._js.publish(js)
-                if not cl.spin_until(lambda g=got: len(cl.cmd_cb) > g, 1.0 if k < warm else 10.0):
-                    if k < warm:
-                        break
-                    raise RuntimeError(f"no command for camera sample {k}\n{proc.log_tail()}")
-                a = cl.cmd_vals[-1]
-                if not probe or (round(a[0] * 255) == v and round(a[1] * 255) == v + 1):
-                    break
-                late += k >= warm
-            else:
-                raise RuntimeError(f"camera sample {k}: the node never stepped on its images")
-            if k >= warm and len(cl.cmd_cb) > m0:
-                lat_cb.append((cl.cmd_cb[-1] - t_mono) * 1e-3)
-                if cl.cmd_rx[-1] > 0:
-                    lat_rx.append((cl.cmd_rx[-1] - t_wall) * 1e-3)
+            sent += 1
+            if warm_left == 0:
+                pairs.append((v, t_mono, t_wall, m0))
+            elif warm_left is not None:
+                warm_left -= 1
+            msgs = camera_pair(1 + sent % 250)  # the next pair, built off the clock
+            nxt += period
+            if time.monotonic() > nxt:  # behind: do not burst, skip the lost slots
+                behind += 1
+                nxt = time.monotonic() + period
+        end = time.monotonic() + timeout  # the last pair's command, then the streamer stops
+        last = pairs[-1]
+        cl.spin_until(
+            lambda: time.monotonic() > end or camera_match(cl, last, probe, timeout_ns) is not None,
+            timeout,
+        )
+        info = stop_streamer(sp)
         d = cl.latest_diag(3.0)
     finally:
+        if sp is not None and sp.poll() is None:
+            stop_streamer(sp)
         cl.close()
         for p in pubs:
             with contextlib.suppress(Exception):
                 ros.node.destroy_publisher(p)
         proc.stop()
-    s = latency_summary(lat_cb, lat_rx)
+    if "traceback" in info or info.get("rc"):
+        log(f"camera: the joint_states streamer did not end cleanly: {info}")
+    lat = {"exact": ([], []), "fresh": ([], [])}  # (cb, dds) latencies in us
+    missed = {"exact": 0, "fresh": 0}
+    for pair in pairs:
+        for key in lat:
+            i = camera_match(cl, pair, probe, timeout_ns, or_newer=key == "fresh")
+            if i is None:
+                missed[key] += 1
+                continue
+            lat[key][0].append((cl.cmd_cb[i] - pair[1]) * 1e-3)
+            if cl.cmd_rx[i] > 0:
+                lat[key][1].append((cl.cmd_rx[i] - pair[2]) * 1e-3)
+    s, f = latency_summary(*lat["exact"]), latency_summary(*lat["fresh"])
+    span = (pairs[-1][1] - pairs[0][1]) * 1e-9
     out = {
         "samples": s["samples"],
+        "missed": missed["exact"],
+        "missed_superseded": missed["exact"] - missed["fresh"],
         "basis": s["basis"],
         "policy": args.camera_policy,
-        "cameras": "2 x 640x480 rgb8, observation trigger",
-        "late_images": late,
+        "match": "probe values (v, v + 1)" if probe else "first command after the pair",
+        "cameras": f"2 x 640x480 rgb8 at {CAMERA_HZ:g} Hz, joint_states at {js_rate:g} Hz, "
+        "observation trigger",
+        "image_rate_hz": round((len(pairs) - 1) / span, 1) if span > 0 else None,
+        "pairs_behind": behind,
+        "timeout_s": timeout,
         "startup_s": round(startup, 1),
         "camera_to_action_p50_us": s["p50_us"],
         "camera_to_action_p99_us": s["p99_us"],
         **{k: s[k] for k in ("cb_p50_us", "cb_p99_us", "dds_p50_us", "dds_p99_us")},
+        "fresh": {**f, "missed": missed["fresh"]} if probe else None,
+        "streamer": info,
         "node": {
             **diag_numbers(d),
             **{k: v for k, v in d.items() if k.startswith("camera.") and "last" not in k},
         },
     }
     log(
-        f"cameras ({s['samples']} samples, {late} late): camera->action p50/p99 "
+        f"cameras ({s['samples']} pairs, {out['missed']} missed ({out['missed_superseded']} "
+        f"superseded), images at "
+        f"{out['image_rate_hz']} Hz, joint_states at {js_rate:g} Hz): camera->action p50/p99 "
         f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}); "
-        f"node step p50 {out['node'].get('step_p50_us')} us"
+        f"in the client callback {out['cb_p50_us']}/{out['cb_p99_us']} us; node step p50 "
+        f"{out['node'].get('step_p50_us')} us; streamer {info.get('published')} published, "
+        f"{info.get('late')} late"
+        + (f"; these or newer images p50/p99 {f['p50_us']}/{f['p99_us']} us" if probe else "")
     )
     return out
 
@@ -726,7 +833,8 @@ def flight_summary(with_rec: dict | None, without: dict | None) -> dict:
 def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: float = 500.0):
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
     publishing joint_states) to the first command received here. The node's torch inductor and
-    triton caches are `cache_dir` (empty: cold; filled by an earlier run: warm)."""
+    triton caches and its bytecode cache are `cache_dir` (empty: cold; filled by an earlier
+    run: warm)."""
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
 
@@ -751,6 +859,9 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
             ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
             TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"),
             TRITON_CACHE_DIR=str(cache_dir / "triton"),
+            # the node's bytecode cache (node/bytecode.py; used where torch has no .pyc of its
+            # own): in the same folder, so a cold start compiles Python from source too
+            FLASHRT_PYCACHE=str(cache_dir / "pycache"),
         )
         t0 = time.monotonic()
         proc = launch_node(
@@ -979,9 +1090,9 @@ def headline(
         "overruns_1khz_60s, node_jitter_p99_us_1khz (the node's /diagnostics) and "
         "client_jitter_p99_us_1khz: the 1 kHz run, overruns_1khz_window_s long",
         "start_rule": "seconds from spawning flashrt_node (trigger=timer, 500 Hz, joint_states "
-        "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR and "
-        "TRITON_CACHE_DIR a new empty folder, first node start of the run; warm: the next start "
-        "with the same folders",
+        "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR, "
+        "TRITON_CACHE_DIR and FLASHRT_PYCACHE (the node's bytecode cache) a new empty folder, "
+        "first node start of the run; warm: the next start with the same folders",
     }
     if not given_floors:
         for k in [k for k in out if k.startswith("floor_")] + ["vs_floor"]:
@@ -1033,12 +1144,19 @@ def main() -> int:
         "--camera-samples", type=int, default=None, help="camera scenario (500; quick 30)"
     )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
+    ap.add_argument(
+        "--only",
+        choices=("camera",),
+        default=None,
+        help="run only this scenario (camera: with the image echo floor unless --no-floors)",
+    )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--topic", default="/joint_states", help=argparse.SUPPRESS)
+    ap.add_argument("--reliable", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stream is not None:
-        return stream_main(args.stream, args.seconds or 10.0, args.topic)
+        return stream_main(args.stream, args.seconds or 10.0, args.topic, args.reliable)
 
     q = args.quick
     args.seconds = args.seconds or (3.0 if q else 10.0)
@@ -1084,8 +1202,9 @@ def main() -> int:
                 errors.append(f"{what}: {e}"[:2000])
                 return None
 
+    full = args.only is None
     # start-up first: the cold one is then the first node start of this run
-    if not args.no_startup:
+    if not args.no_startup and full:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="flashrt_bench_cache_") as tmp:
@@ -1095,23 +1214,23 @@ def main() -> int:
                     starts[label] = r
 
     svc_rate = 500.0 if 500.0 in rates else rates[0]
-    for rate in rates:
+    for rate in rates if full else []:
         secs = args.seconds_1khz if rate == 1000.0 else args.seconds
         r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, rate == svc_rate)
         if r is not None:
             rows.append(r[0])
             svc = r[1] or svc
     offset_rows = []
-    if args.publish_offset > 0:
+    if args.publish_offset > 0 and full:
         r = attempt(
             f"timer {svc_rate:g} Hz offset", run_timer, args, svc_rate, args.seconds, False,
             args.publish_offset,
         )  # fmt: skip
         if r is not None:
             offset_rows.append(r[0])
-    obs = attempt("observation", run_observation, args, args.obs_samples)
+    obs = attempt("observation", run_observation, args, args.obs_samples) if full else None
     flight = None
-    if args.seconds_flight > 0:
+    if args.seconds_flight > 0 and full:
         got = {}
         for key, extra in (("without", {}), ("with", {"flight_ticks": FLIGHT_TICKS})):
             r = attempt(
@@ -1130,6 +1249,8 @@ def main() -> int:
             ("timer_1000", run_floor_timer, (args, 1000.0, args.seconds, log_dir)),
             ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
         ):
+            if not full and key != "image_echo":
+                continue
             r = attempt(f"floor {key}", fn, *a)
             if r is not None:
                 floors[key] = r

@@ -2,7 +2,7 @@
 
 Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states and
 the images (one mutually exclusive group, so they are handled in arrival order). The services
-run on a node and an executor thread of their own (services.py, main.py). The timer trigger
+run on a node, a loop and a thread of their own (host.py, main.py). The timer trigger
 runs its own thread, which takes joint_states itself at the top of each tick (polled.py says
 why). A rollout steps on a thread of its own (services.py). Every Engine call holds the engine
 lock (loop.EngineLock), so a service request always lands between two steps; the control tick
@@ -35,9 +35,10 @@ from flashrt_ros.node import params
 from flashrt_ros.node.cameras import Cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.flight_services import FlightServices
+from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, take
-from flashrt_ros.node.services import CapsuleServices, Control, ServiceHost, pool_bytes
+from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.images import match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper
@@ -304,7 +305,7 @@ class FlashrtNode(LifecycleNode):
                 self.control.fault("goal", e)
                 return
         self._goal_echo.publish(Float64MultiArray(data=list(msg.data)))
-        self.get_logger().info(f"goal applied: {np.round(msg.data, 3).tolist()}")
+        self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}")
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:
@@ -468,7 +469,7 @@ class FlashrtNode(LifecycleNode):
                 f"session {live!r} is poisoned ({poisoned[live]}): nothing is published; "
                 "recover with ~/reset_session, ~/restore or ~/branch"
             )
-            self.get_logger().error(message)
+            self.control.fast_log.error(message)
         elif new_faults:
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif not self.active:

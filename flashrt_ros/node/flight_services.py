@@ -283,7 +283,7 @@ class FlightServices:
     def _answer(self, what: str, resp, e: Exception):
         if isinstance(e, ValueError | CapacityError):  # BadRequest is a ValueError
             resp.message = f"{what} failed: {e}"
-            self.ctl.log.warning(resp.message)
+            self.ctl.fast_log.warning(resp.message)
         else:
             resp.message = f"{what} failed: fault ({self.ctl.fault(f'{what} request', e)})"
         resp.success = False
@@ -374,7 +374,7 @@ class FlightServices:
         )
         if info is not None:
             resp.capsule = capsule_msg(info)
-        self.ctl.log.info(f"rewind: {resp.message}")
+        self.ctl.fast_log.info(f"rewind: {resp.message}")
         return resp
 
     @staticmethod
@@ -395,7 +395,7 @@ class FlightServices:
     # -- ~/dump_flight ----------------------------------------------------------------------------
     async def dump_flight(self, req, resp):
         """The copy is taken at the commit boundary; the files are written on the flight thread
-        while the executor stays free (joint_states keep flowing in observation mode)."""
+        while the service loop stays free for other requests."""
         t0 = time.perf_counter()
         try:
             with self.ctl.lock:
@@ -435,7 +435,7 @@ class FlightServices:
 
     def _want(self, eng, session: str, reason: str) -> None:
         """Queue an automatic dump (engine lock held): checks and bookkeeping only."""
-        cfg, log = self.ctl.cfg, self.ctl.log
+        cfg, log = self.ctl.cfg, self.ctl.fast_log
         if cfg is None or not eng.flight_ticks or cfg.flight_dump_max_mb <= 0:
             return
         if not cfg.capsule_dir:
@@ -523,7 +523,7 @@ class FlightServices:
                 self._run(*job)
 
     def _auto(self, want: Wanted) -> None:
-        log = self.ctl.log
+        log = self.ctl.fast_log
         try:
             snap = self._take(want)
         except Exception as e:  # noqa: BLE001 (CapacityError: no room between ticks for 10 s)  # noqa: BLE001 (a failed dump never stops the node)
@@ -546,7 +546,7 @@ class FlightServices:
                 done.set_exception(e)
                 self._wake.trigger()
             else:
-                self.ctl.log.error(
+                self.ctl.fast_log.error(
                     f"flight recorder: {reason} dump of {snap.session!r} to {base} failed: {e}"
                 )
             return
@@ -554,7 +554,7 @@ class FlightServices:
         if done is not None:
             done.set_result((paths, folder))
             self._wake.trigger()
-        self.ctl.log.info(
+        self.ctl.fast_log.info(
             f"flight recorder: dumped {len(paths)} ticks of {snap.session!r} (steps "
             f"{snap.steps[0]}..{snap.steps[-1]}, {reason}) to {folder}"
         )
@@ -629,10 +629,10 @@ class FlightServices:
             d = older.pop(0)
             total -= folder_bytes(d)
             if not (real_dir(root) and real_dir(d)):
-                self.ctl.log.warning(f"flight recorder: not removing {d}: not a real folder")
+                self.ctl.fast_log.warning(f"flight recorder: not removing {d}: not a real folder")
                 continue
             shutil.rmtree(d, ignore_errors=True)
-            self.ctl.log.info(f"flight recorder: removed {d} (flight_dump_max_mb)")
+            self.ctl.fast_log.info(f"flight recorder: removed {d} (flight_dump_max_mb)")
 
     def diagnostics(self, eng, live: str) -> dict[str, str]:
         """Ring depth of the live session and the device bytes of all rings (lock held)."""

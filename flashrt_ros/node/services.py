@@ -5,16 +5,12 @@ a ValueError) or a reached bound (CapacityError) answers success=false with a me
 what to do, and changes nothing. Anything else (a non-finite action, a CUDA error, out of
 memory) is a fault: success=false too, and it is counted, logged at ERROR and shown in
 /diagnostics. A rollout runs its steps on a worker thread that yields to the control loop
-(loop.EngineLock.background) while the executor awaits it, free for other requests.
+(loop.EngineLock.background) while the service loop awaits it, free for other requests.
 
-The services live on a node of their own (`ServiceHost`) that main.py spins on an executor and
-thread of their own, under the names they always had (`/<ns>/flashrt/<service>`). rclpy's
-SingleThreadedExecutor rebuilds its wait set in Python over every entity of its nodes at each
-wake-up: the flashrt node has 22 services (10 ours, 12 of lifecycle and parameters), 2
-subscriptions, a timer, 2 guard conditions and 12 waitables, and a guard-condition wake-up to
-its callback took 420 us p50 on the 2-core CPU machine against 271 us for a bare node (and
-`spin_once` with nothing ready 220 vs 137 us). Alone on its node (10 services, 2 guards) a
-request no longer queues behind joint_states, goals and the diagnostics timer either.
+The services live on a node of their own (host.ServiceHost), served by a loop of their own on
+a thread of their own (host.py says why not rclpy's executor), under the names they always had
+(`/<ns>/flashrt/<service>`): a request never queues behind joint_states, goals or the
+diagnostics timer.
 """
 
 from __future__ import annotations
@@ -28,12 +24,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import rclpy
-from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.task import Future
 
 from flashrt_ros.errors import BadName, BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.node.logs import FastLog
 from flashrt_ros.node.loop import EngineLock
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.srv import (
@@ -50,42 +45,6 @@ from flashrt_ros.srv import (
 FIRST_STEP_COST_S = 0.002  # a rollout step's cost before one is measured (CPU: ~1.5 ms)
 
 
-class ServiceHost:
-    """The node the services are created on, beside the flashrt node (same context and
-    namespace). Names are resolved by the flashrt node (`~/checkpoint` ->
-    `/<ns>/flashrt/checkpoint`, its remappings applied), so clients see the same names as
-    before. It has no parameter services and no /rosout publisher: it only serves."""
-
-    def __init__(self, owner) -> None:
-        self.owner = owner
-        self.node = rclpy.create_node(
-            f"{owner.get_name()}_services",
-            namespace=owner.get_namespace(),
-            context=owner.context,
-            start_parameter_services=False,
-            enable_rosout=False,
-            # the command line's `-r __node:=flashrt` would rename this node too (two nodes
-            # called flashrt): the name and namespace are given here, names resolved by owner
-            use_global_arguments=False,
-        )
-        self.group = ReentrantCallbackGroup()
-
-    def create_service(self, srv_type, name: str, callback, callback_group=None):
-        """`callback_group` is ignored: every service of the host is in its reentrant group."""
-        return self.node.create_service(
-            srv_type,
-            self.owner.resolve_service_name(name),
-            callback,
-            callback_group=self.group,
-        )
-
-    def create_guard_condition(self, callback, callback_group=None):
-        return self.node.create_guard_condition(callback, callback_group=self.group)
-
-    def destroy(self) -> None:
-        self.node.destroy_node()
-
-
 class Control:
     """What the services (and diagnostics) work with: the engine lock, the engine, the live
     session's name, the loop's stats, the config and the fault path; never the node itself."""
@@ -95,7 +54,8 @@ class Control:
         self.engine = None  # the Engine while configured
         self.live = "main"  # the session whose actions reach the robot
         self.stats = stats
-        self.log = logger
+        self.log = logger  # rclpy's: for throttled lines
+        self.fast_log = FastLog(logger)  # the same lines without rclpy's caller lookup (logs.py)
         self._config = config
 
     @property
@@ -110,7 +70,7 @@ class Control:
         if step_error:  # from the control loop: at most one line per 2 s
             self.log.error(f"fault: {text}", throttle_duration_sec=2.0)
         else:
-            self.log.error(f"fault: {text}")
+            self.fast_log.error(f"fault: {text}")
         return text
 
 
@@ -121,12 +81,13 @@ class CapsuleServices:
         # Logs of served requests are written by a thread of their own, after the reply: a log
         # line also publishes on /rosout and must not add to round trips. (A periodic flush on
         # the executor would wake it, and take the GIL from the control thread, ten times a
-        # second.)
+        # second.) They go through FastLog: rclpy's logger held the GIL ~300-450 us per line
+        # (logs.py), which the next request and the control tick waited for.
         self._pending: queue.SimpleQueue[tuple[bool, str] | None] = queue.SimpleQueue()
         self._logger = threading.Thread(target=self._log_forever, name="flashrt-log", daemon=True)
         self._logger.start()
-        # Rollouts run one at a time on their own thread; the guard wakes the executor when one
-        # is done, so it resumes the awaiting service callback.
+        # Rollouts run one at a time on their own thread; the guard wakes the service loop when
+        # one is done, so it resumes the awaiting service callback.
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker = threading.Thread(
             target=self._work_forever, name="flashrt-rollout", daemon=True
@@ -157,7 +118,7 @@ class CapsuleServices:
         return resp
 
     def _guarded(self, fn):
-        """Every exception becomes a success=false reply, never a dead executor thread."""
+        """Every exception becomes a success=false reply, never a request left unanswered."""
 
         def handler(req, resp):
             t0 = time.perf_counter()
@@ -205,10 +166,10 @@ class CapsuleServices:
         self._pending.put((False, text))
 
     def _log_forever(self) -> None:
-        log = self.ctl.log
+        log = self.ctl.fast_log
         while (item := self._pending.get()) is not None:
             warn, text = item
-            if warn:  # rclpy ties a severity to each call site: two calls, not one
+            if warn:
                 log.warning(text)
             else:
                 log.info(text)
@@ -310,8 +271,8 @@ class CapsuleServices:
         """Step a session, or a scratch fork, on given observations; the robot sees nothing.
 
         Sizes are checked here, before anything of ours is allocated; the rows and the steps
-        run on the rollout thread, each step yielding to the control loop, while the executor
-        is free (joint_states in observation mode, other requests)."""
+        run on the rollout thread, each step yielding to the control loop, while the service
+        loop is free for other requests."""
         t0 = time.perf_counter()
         try:
             eng = self._engine()

@@ -1,0 +1,169 @@
+"""The services' own loop (flashrt_ros/node/host.py) and the cheap log lines (node/logs.py),
+in-process over real rclpy and DDS (loopback): a plain rclpy node owns a ServiceHost whose loop
+serves on its thread, called by the harness's client node.
+
+No timings are asserted (the machine is noisy): bench/ros_bench.py shows the speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from test.conftest import require_rclpy
+
+
+@pytest.fixture
+def owner(ros):
+    require_rclpy()
+    import rclpy
+
+    node = rclpy.create_node("flashrt", context=ros.context)
+    yield node
+    node.destroy_node()
+
+
+def _call_async(ros, cli, request, timeout: float = 10.0):
+    assert cli.wait_for_service(timeout_sec=timeout), cli.srv_name
+    return cli.call_async(request)
+
+
+def test_loop_serves_sync_async_and_failing_handlers_and_stops(ros, owner):
+    from rclpy.task import Future
+
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import Checkpoint, ListCapsules, Rollout
+
+    host = ServiceHost(owner)
+    seen: list[str] = []
+    release = threading.Event()
+    failures = [RuntimeError("boom")]
+
+    def list_capsules(req, resp):
+        seen.append(threading.current_thread().name)
+        resp.live_session = "served"
+        return resp
+
+    def checkpoint(req, resp):  # the first call raises: no reply, and the loop goes on
+        if failures:
+            raise failures.pop()
+        resp.success, resp.message = True, f"named {req.name}"
+        return resp
+
+    wake = host.create_guard_condition(lambda: None)
+
+    async def rollout(req, resp):  # completed by another thread, which wakes the loop
+        done: Future = Future()
+
+        def work():
+            release.wait(10.0)
+            done.set_result(req.n_steps * 2)
+            wake.trigger()
+
+        threading.Thread(target=work, daemon=True).start()
+        resp.action_dim = await done
+        resp.success = True
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    host.create_service(Checkpoint, "~/checkpoint", checkpoint)
+    host.create_service(Rollout, "~/rollout", rollout)
+    host.start()
+    try:
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        ck = ros.client(Checkpoint, "/flashrt/checkpoint")
+        ro = ros.client(Rollout, "/flashrt/rollout")
+        assert ros.call(ls, ListCapsules.Request()).live_session == "served"
+        assert seen == ["flashrt-services"]  # on the host's own thread
+
+        lost = _call_async(ros, ck, Checkpoint.Request(name="a"))
+        ros.spin_until(lambda: not failures, 10.0)
+        assert not failures  # the handler ran and raised
+        ros.spin_for(0.3)
+        assert not lost.done()  # no reply to a handler that raised
+        r = ros.call(ck, Checkpoint.Request(name="b"))
+        assert r.success and r.message == "named b"
+
+        pending = _call_async(ros, ro, Rollout.Request(n_steps=21))
+        ros.spin_for(0.3)
+        assert not pending.done()
+        # while the rollout awaits its future, other requests are answered
+        assert ros.call(ls, ListCapsules.Request()).live_session == "served"
+        release.set()
+        assert ros.spin_until(pending.done, 10.0)
+        assert pending.result().success and pending.result().action_dim == 42
+    finally:
+        release.set()
+        thread = host._thread
+        host.stop()
+        assert thread is not None and not thread.is_alive()
+        host.destroy()
+
+
+def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
+    from rcl_interfaces.msg import Log
+    from rclpy.logging import LoggingSeverity
+    from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
+
+    from flashrt_ros.node.logs import FastLog
+
+    got: list = []
+    qos = QoSProfile(
+        depth=100,
+        reliability=QoSReliabilityPolicy.RELIABLE,
+        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+    )
+    sub = ros.node.create_subscription(Log, "/rosout", got.append, qos)
+    try:
+        pub_ready = ros.spin_until(lambda: sub.get_publisher_count() > 0, 10.0)
+        assert pub_ready
+        log = FastLog(owner.get_logger())
+        line = _here() + 1
+        log.info("fastlog one")
+        log.warning("fastlog two")
+        log.error("fastlog three")
+        owner.get_logger().set_level(LoggingSeverity.WARN)
+        log.info("fastlog dropped")  # below the logger's level: not written
+        log.error("fastlog last")
+
+        def mine():
+            return [m for m in got if m.msg.startswith("fastlog")]
+
+        assert ros.spin_until(lambda: any(m.msg == "fastlog last" for m in mine()), 10.0)
+        msgs = mine()
+        assert [m.msg for m in msgs] == [
+            "fastlog one",
+            "fastlog two",
+            "fastlog three",
+            "fastlog last",
+        ]
+        assert [m.level for m in msgs] == [Log.INFO, Log.WARN, Log.ERROR, Log.ERROR]
+        first = msgs[0]
+        assert first.name == owner.get_logger().name
+        assert first.function == "test_fast_log_lines_reach_rosout_with_their_caller_and_level"
+        assert first.file == __file__
+        assert first.line == line
+    finally:
+        ros.node.destroy_subscription(sub)
+
+
+def _here() -> int:
+    import sys
+
+    return sys._getframe(1).f_lineno
+
+
+def test_stop_ends_an_idle_loop_at_once(ros, owner):
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    host.start()
+    thread = host._thread
+    time.sleep(0.2)  # waiting, nothing to serve
+    host.stop(timeout=5.0)  # the stop guard wakes it: no waiting for the loop's 1 s timeout
+    assert thread is not None and not thread.is_alive()
+    host.destroy()

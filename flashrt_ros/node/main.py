@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 
@@ -74,16 +73,6 @@ def _check_parameters(argv: Sequence[str]) -> None:
         probe.destroy_node()
 
 
-def _spin(executor) -> None:
-    """spin() until the executor or the context is shut down."""
-    from rclpy.executors import ExternalShutdownException, ShutdownException
-
-    try:
-        executor.spin()
-    except (ExternalShutdownException, ShutdownException, KeyboardInterrupt):
-        pass
-
-
 def process_age_s() -> float:
     """Seconds since this process started (Linux /proc; 0.0 elsewhere), so the start-up log
     counts the interpreter's own start too."""
@@ -107,6 +96,9 @@ def main(args: Sequence[str] | None = None) -> int:
     t_start = time.monotonic() - process_age_s()
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts)
+    from flashrt_ros.node import bytecode
+
+    bytecode_note = bytecode.enable()  # before torch is imported (bytecode.py says why)
 
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -135,6 +127,8 @@ def main(args: Sequence[str] | None = None) -> int:
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
+            if bytecode_note:
+                node.get_logger().info(bytecode_note)
         except ParamError as e:
             log = get_logger("flashrt")
             for line in e.problems:
@@ -150,14 +144,12 @@ def main(args: Sequence[str] | None = None) -> int:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
                 return 2
             node.trigger_activate()
-        # The services' node on an executor and a thread of their own (services.py says why),
-        # spun only now: a client that got an answer knows the autostart transitions are done
-        # (the node steps on what it is sent next), as when the services shared the executor.
-        services = SingleThreadedExecutor()
-        services.add_node(node.service_host.node)
-        threading.Thread(
-            target=_spin, args=(services,), name="flashrt-services", daemon=True
-        ).start()
+        # The services' node, served by a loop and a thread of their own (host.py says why),
+        # started only now: a client that got an answer knows the autostart transitions are
+        # done (the node steps on what it is sent next), as when the services shared the
+        # executor.
+        services = node.service_host
+        services.start()
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
@@ -165,9 +157,10 @@ def main(args: Sequence[str] | None = None) -> int:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
         if node is not None and node.active and node._loop is not None:
             node._loop.stop()
-        for ex in (services, executor):
-            if ex is not None:
-                ex.shutdown(timeout_sec=1.0)
+        if services is not None:
+            services.stop(timeout=1.0)
+        if executor is not None:
+            executor.shutdown(timeout_sec=1.0)
         if node is not None:
             node.capsule_services.close()
             node.service_host.destroy()

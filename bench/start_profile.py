@@ -1,0 +1,96 @@
+"""Where a node's start-up time goes, without ROS: each phase of a fresh process, from the
+interpreter's start to the first step, cold (empty compile caches) and warm (the same caches).
+
+    python3 bench/start_profile.py --out DIR [--policy builtin:hybrid] [--device cuda]
+
+Each start is a new process (what a `ros2 launch` pays): import torch, CUDA init, import
+flashrt_ros, load the policy, build the Engine (its build_s phases: compile and capture, the
+checksum kernel...), the first step. Writes DIR/start_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+t = {"spawn_to_main": time.time() - float(sys.argv[1])}
+t0 = time.perf_counter()
+import torch
+t["import_torch"] = time.perf_counter() - t0; t0 = time.perf_counter()
+dev = sys.argv[2]
+if dev.startswith("cuda"):
+    torch.zeros(1, device=dev); torch.cuda.synchronize()
+t["cuda_init"] = time.perf_counter() - t0; t0 = time.perf_counter()
+import numpy as np
+from flashrt_ros import Engine, load_policy
+t["import_flashrt"] = time.perf_counter() - t0; t0 = time.perf_counter()
+policy = load_policy(sys.argv[3])
+t["load_policy"] = time.perf_counter() - t0; t0 = time.perf_counter()
+fuse = {"auto": None, "on": True, "off": False}[sys.argv[5]]
+e = Engine(policy, device=dev, compile_cache_dir=sys.argv[4] or None, fuse=fuse)
+t["engine"] = time.perf_counter() - t0
+t.update({"engine." + k: v for k, v in e.build_s.items()})
+t0 = time.perf_counter()
+spec = e.observation_spec()
+def zeros(v):
+    return np.zeros(v["shape"], dtype=np.float32 if v["kind"] == "vector" else np.uint8)
+obs = {k: zeros(v) for k, v in spec.items()}
+if len(obs) == 1:
+    obs = next(iter(obs.values()))
+e.step(obs)
+t["first_step"] = time.perf_counter() - t0
+t["total_from_spawn"] = time.time() - float(sys.argv[1])
+t["fused"] = e.fuse
+out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()}
+print("PROFILE " + json.dumps(out))
+"""
+
+
+def start(policy: str, device: str, cache: str, fuse: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    t = time.time()
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, repr(t), device, policy, cache, fuse],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    for line in r.stdout.splitlines():
+        if line.startswith("PROFILE "):
+            return json.loads(line[8:])
+    return {"error": r.returncode, "stderr_tail": r.stderr[-2000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--policy", default="builtin:hybrid")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    rows = {}
+    with tempfile.TemporaryDirectory() as cache:
+        rows["cold"] = start(args.policy, args.device, cache, "auto")
+        rows["warm"] = start(args.policy, args.device, cache, "auto")
+        rows["warm2"] = start(args.policy, args.device, cache, "auto")
+        rows["unfused"] = start(args.policy, args.device, cache, "off")
+    for k, v in rows.items():
+        print(k, v, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "start_profile.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -238,3 +238,51 @@ def test_configure_fails_when_cameras_and_policy_images_differ(ros, tmp_path):
     finally:
         for proc in procs:
             proc.stop()
+
+
+@pytest.mark.parametrize(
+    "encoding,shape,step,frame",
+    [
+        ("rgb8", (H, W, 3), None, ""),
+        ("mono8", (H, W), None, "wrist_link"),
+        ("bgr8", (H, W, 3), W * 3 + 5, "x"),
+    ],
+)
+def test_the_node_decodes_serialized_images_like_rclpy(encoding, shape, step, frame):
+    """The camera subscriptions take serialized messages (cameras.py says why): decoding the
+    CDR bytes rclpy serializes must give the same pixels and fields as rclpy's message."""
+    from rclpy.serialization import serialize_message
+
+    from flashrt_ros.node.cameras import decode_image
+    from flashrt_ros.obs.images import image_array
+
+    rng = np.random.default_rng(7)
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    c = 1 if img.ndim == 2 else 3
+    row = W * c
+    data = None
+    if step is not None:  # padded rows: row bytes then junk up to step
+        padded = np.zeros((H, step), dtype=np.uint8)
+        padded[:, :row] = img.reshape(H, row)
+        data = padded.tobytes()
+    msg = image_msg(img, encoding, step=step, data=data)
+    msg.header.frame_id = frame
+    msg.header.stamp.sec, msg.header.stamp.nanosec = 17, 123
+    got = decode_image(serialize_message(msg))
+    assert (got.height, got.width, got.encoding, got.step) == (H, W, encoding, msg.step)
+    assert (got.header.frame_id, got.header.stamp.sec, got.header.stamp.nanosec) == (frame, 17, 123)
+    a = image_array(got, (H, W, c), encoding)
+    b = image_array(msg, (H, W, c), encoding)
+    assert np.array_equal(a, b) and np.array_equal(a.reshape(img.shape), img)
+
+
+def test_a_payload_that_is_not_an_image_is_refused():
+    from rclpy.serialization import serialize_message
+
+    from flashrt_ros.errors import BadRequest
+    from flashrt_ros.node.cameras import decode_image
+
+    good = serialize_message(image_msg(np.zeros((H, W, 3), np.uint8), "rgb8"))
+    for bad in (good[: len(good) // 2], b"", b"\x00\x01\x00\x00" + b"\xff" * 64):
+        with pytest.raises(BadRequest, match="not a sensor_msgs/Image"):
+            decode_image(bad, "camera 'top'")

@@ -10,13 +10,14 @@ from collections.abc import Callable, Iterator
 
 from flashrt_ros.errors import CapacityError
 
-# The last 100 us before a deadline are busy-waited: a sleep overshoots. The spin keeps the GIL
+# The last 200 us before a deadline are busy-waited: a sleep overshoots. The spin keeps the GIL
 # (no sleep(0)): yielding it lets rclpy's executor thread take it, and getting it back can then
 # take up to a whole switch interval, right at the deadline. The control thread's timer slack
-# is 1 ns (Linux's default, 50 us, is added to every sleep), which cut the sleep overshoot p50
-# from 92 to 33 us on the 2-core CPU machine: the spin, which holds the GIL the services and
-# the executor need, could go from 200 to 100 us.
-SPIN_S = 0.0001
+# is also 1 ns (Linux's default, 50 us, is added to every sleep). A 100 us spin was tried with
+# it: on the H200 machine the node's period jitter p99 at 500 Hz went from 31 to 118 us (191 us
+# with a publish offset), the wake-ups from a longer idle overshooting past it; at 1 kHz it
+# stayed at 0.2 us.
+SPIN_S = 0.0002
 PR_SET_TIMERSLACK = 29
 
 

@@ -17,8 +17,9 @@ VENV_PY=".venv/bin/python"
 grep -qsx '/.whl312/' .git/info/exclude || { mkdir -p .git/info && echo '/.whl312/' >> .git/info/exclude; }
 mkdir -p "$DIR"
 
-# On the GPU image already (its package list), or not needed by the node and the bench there.
-SKIP='^(torch|numpy|cuda-python|cuda-bindings|cuda-core|cuda-pathfinder|nvidia-.*|triton|pip|setuptools|pytest.*|pluggy|iniconfig|coverage|ruff|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|python-dateutil|six|sympy|mpmath|networkx|jinja2|markupsafe|filelock|fsspec|typing-extensions|typing_extensions|pyyaml|packaging|pygments|tzdata|rosbags|apsw|lz4|ruamel.yaml|backports.zstd)$'
+# On the GPU image already (its package list), or not needed by the node and the bench there
+# (rosbags is: the node decodes camera images with it).
+SKIP='^(torch|numpy|cuda-python|cuda-bindings|cuda-core|cuda-pathfinder|nvidia-.*|triton|pip|setuptools|pytest.*|pluggy|iniconfig|coverage|ruff|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|python-dateutil|six|sympy|mpmath|networkx|jinja2|markupsafe|filelock|fsspec|typing-extensions|typing_extensions|pyyaml|packaging|pygments|tzdata|flashrt-ros)$'
 
 mapfile -t all < <("$VENV_PY" -m pip list --format=freeze --disable-pip-version-check 2>/dev/null)
 ros_dists=" $(printf '%s\n' "${all[@]}" | sed -n 's/^ros-\([^=]*\)==.*/\1/p' | tr '_' '-' | tr '\n' ' ') "
@@ -71,7 +72,8 @@ if ! ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST ROS_DOMAIN_ID=231 "$tmp/v/bin/pytho
 import importlib
 for m in ("rclpy", "rclpy.lifecycle", "std_msgs.msg", "sensor_msgs.msg", "trajectory_msgs.msg",
           "diagnostic_msgs.msg", "lifecycle_msgs.msg", "rcl_interfaces.msg", "colcon_core",
-          "colcon_ros", "catkin_pkg", "em", "lark", "argcomplete", "rosidl_generator_py"):
+          "colcon_ros", "catkin_pkg", "em", "lark", "argcomplete", "rosidl_generator_py",
+          "rosbags.typesys"):
     importlib.import_module(m)
 print("fetch_whl312: check passed: rclpy, messages and colcon import under", __import__("sys").version.split()[0])
 '; then

@@ -14,7 +14,8 @@ under the GIL, while the decoded one is a numpy view over the received bytes (51
 image is kept as that view, no copy; `Engine.step` then copies it once into the pinned staging
 buffer that the captured graph uploads (runtime/inputs.py InputBuffers.stage). Rows padded past
 width x channels (`step` larger than the row) are taken as a strided view: still one copy, by
-numpy. A payload that does not decode is refused like a wrong size.
+numpy. A payload that does not decode is refused like a wrong size. Where rosbags is not
+installed the subscriptions fall back to rclpy's messages.
 
 The checks (`image_array`, in obs/images.py) need no ROS, so the offline replay applies the very
 same ones to the images of a bag.
@@ -31,7 +32,11 @@ import numpy as np
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node.polled import take
 from flashrt_ros.obs.images import camera_key, image_array
-from flashrt_ros.replay.bags import typestore
+
+try:  # rosbags (requirements.txt) decodes; without it, rclpy's own conversion is used
+    from flashrt_ros.replay.bags import typestore
+except ImportError:  # pragma: no cover - depends on the machine
+    typestore = None
 
 IMAGE_TYPE = "sensor_msgs/msg/Image"
 
@@ -98,7 +103,7 @@ class Cameras:
                 (lambda m, c=cam: self.on_image(c, m)),
                 qos,
                 callback_group=callback_group,
-                raw=True,  # decoded by decode_image (the module docstring says why)
+                raw=typestore is not None,  # decoded by decode_image (the module docstring)
             )
             self.cams.append(cam)
         self.polled = polled

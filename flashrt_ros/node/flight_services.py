@@ -221,7 +221,7 @@ class FlightServices:
     def seen(self, stamp) -> None:
         """A valid joint_states was taken: its header stamp (or, unstamped, its receive time)
         is the time of the step that consumes it."""
-        ns = int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+        ns = stamp_ns(stamp)
         self._pending_ns = ns if ns > 0 else time.time_ns()
 
     def tick(self, eng, session: str) -> None:

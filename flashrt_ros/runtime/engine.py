@@ -602,9 +602,7 @@ class Engine:
             if path is not None:
                 self.store.discard(info)  # only the file this call created
             raise
-        if self.pool.evicted:
-            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
-            self.pool.evicted.clear()
+        self._report_evictions()
         return self.pool.info(cap)
 
     def restore(self, capsule: str, session: str = "main", verify: bool = True) -> CapsuleInfo:
@@ -678,6 +676,12 @@ class Engine:
                 f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
                 "checkpoint it (restore, branch into or reset the session)"
             )
+
+    def _report_evictions(self) -> None:
+        """Log the capsules the pool evicted to make room (LRU), once each."""
+        if self.pool.evicted:
+            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
+            self.pool.evicted.clear()
 
     def capsules(self) -> list[CapsuleInfo]:
         return self.pool.infos()
@@ -775,9 +779,7 @@ class Engine:
         )
         if cid is not None:
             self.pool.claim_id(cid)
-        if self.pool.evicted:
-            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
-            self.pool.evicted.clear()
+        self._report_evictions()
         info = self.pool.info(cap)
         self.store.adopt(path, info)
         return info
@@ -837,9 +839,7 @@ class Engine:
         cap = self.pool.put(
             src, name=name or "", session=s.name, parent_id=s.parent_id, step=t, pinned=pin
         )
-        if self.pool.evicted:
-            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
-            self.pool.evicted.clear()
+        self._report_evictions()
         return self.pool.info(cap)
 
     def save_flight_step(self, step: int, path: str | Path, session: str = "main") -> Path:

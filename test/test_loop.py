@@ -17,10 +17,11 @@ def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     seen: dict[str, object] = {}
     ticks: list[float] = []
     linux = sys.platform.startswith("linux")
+    libc = ctypes.CDLL(None) if linux else None  # loaded here, not inside a tick
 
     def tick(deadline: float) -> None:
         if "slack" not in seen:  # PR_GET_TIMERSLACK (30) answers for the calling thread
-            seen["slack"] = ctypes.CDLL(None).prctl(30, 0, 0, 0, 0) if linux else None
+            seen["slack"] = libc.prctl(30, 0, 0, 0, 0) if linux else None
         ticks.append(deadline)
 
     loop = TimerLoop(200.0, tick, on_timing=lambda *_: None, on_error=lambda e: seen.update(e=e))
@@ -31,6 +32,8 @@ def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     if not linux:  # pragma: no cover
         pytest.skip("no per-thread timer slack here")
     assert seen["slack"] == 1
-    assert ctypes.CDLL(None).prctl(30, 0, 0, 0, 0) > 1  # this thread's own was not changed
-    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
-    assert len(ticks) >= 30 and all(abs(g - 0.005) < 1e-9 for g in gaps)  # absolute deadlines
+    assert libc.prctl(30, 0, 0, 0, 0) > 1  # this thread's own was not changed
+    # absolute deadlines: every tick is due a whole number of periods after the one before
+    # (a tick that overran on a loaded machine skips the deadlines it missed, never drifts)
+    gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) >= 10 and all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)

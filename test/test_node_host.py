@@ -146,6 +146,7 @@ def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
         assert first.file == __file__
         assert first.line == line
     finally:
+        owner.get_logger().set_level(LoggingSeverity.INFO)
         ros.node.destroy_subscription(sub)
 
 
@@ -164,6 +165,9 @@ def test_stop_ends_an_idle_loop_at_once(ros, owner):
     host.start()
     thread = host._thread
     time.sleep(0.2)  # waiting, nothing to serve
+    t0 = time.monotonic()
     host.stop(timeout=5.0)  # the stop guard wakes it: no waiting for the loop's 1 s timeout
+    took = time.monotonic() - t0
     assert thread is not None and not thread.is_alive()
+    assert took < 0.5, f"stop() took {took:.2f} s: the loop waited for its timeout"
     host.destroy()

@@ -10,7 +10,10 @@ and lets Python write there. Python checks each cached file against its source's
 mtime, so an upgraded package is recompiled, never served stale.
 
 FLASHRT_PYCACHE=0 turns this off; FLASHRT_PYCACHE=/some/dir chooses the folder (default
-$XDG_CACHE_HOME/flashrt_ros/pycache, else ~/.cache/flashrt_ros/pycache).
+$XDG_CACHE_HOME/flashrt_ros/pycache, else ~/.cache/flashrt_ros/pycache). With the prefix set,
+Python looks for every module's bytecode there only (rclpy's and numpy's too, whose own
+__pycache__ folders it then ignores): the first start fills it, later ones read it. Child
+processes (inductor's compile workers) do not inherit it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def enable(env: Mapping[str, str] | None = None, package: str = "torch") -> str:
     choice = env.get("FLASHRT_PYCACHE", "")
     if choice == "0" or sys.pycache_prefix is not None or has_bytecode(package):
         return ""
-    folder = Path(choice) if choice else default_dir(env)
+    folder = (Path(choice).expanduser() if choice else default_dir(env)).resolve()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

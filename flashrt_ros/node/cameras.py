@@ -68,6 +68,16 @@ class Camera:
     last_refusal: str = ""
 
 
+def warm_decoder() -> None:
+    """Build the typestore and its Image decoder now (configure), not on the first image: that
+    costs ~90 ms once (80 ms the typestore, 8 ms the first decode), which in timer mode would
+    be one control tick."""
+    from rclpy.serialization import serialize_message
+    from sensor_msgs.msg import Image
+
+    decode_image(serialize_message(Image(height=1, width=1, encoding="mono8", step=1, data=b"\0")))
+
+
 class Cameras:
     """The node's camera subscriptions (see the module docstring).
 
@@ -94,6 +104,8 @@ class Cameras:
 
         self._refuse = refuse
         self.cams: list[Camera] = []
+        if cameras and typestore is not None:
+            warm_decoder()
         for name in cameras:
             s = spec[camera_key(name)]
             cam = Camera(name, camera_key(name), tuple(s["shape"]), s["encoding"])

@@ -61,8 +61,13 @@ class ServiceHost:
         self._parked: list = []  # (coroutine, service, header) awaiting a future
         self._thread: threading.Thread | None = None
 
+    def _not_serving(self, what: str) -> None:
+        if self._thread is not None:  # the loop's wait set is built once, when it starts
+            raise RuntimeError(f"{what} created after the service loop started: never waited on")
+
     def create_service(self, srv_type, name: str, callback, callback_group=None):
         """`callback_group` is ignored: this host's loop serves every service in turn."""
+        self._not_serving(f"service {name}")
         srv = self.node.create_service(
             srv_type,
             self.owner.resolve_service_name(name),
@@ -75,6 +80,7 @@ class ServiceHost:
     def create_guard_condition(self, callback, callback_group=None):
         """A guard condition that wakes the loop (which then calls `callback` and resumes the
         handlers awaiting a future)."""
+        self._not_serving("a guard condition")
         gc = self.node.create_guard_condition(callback, callback_group=self.group)
         self._guards.append(gc)
         return gc
@@ -92,7 +98,10 @@ class ServiceHost:
             self._stop_guard.trigger()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
-            self._thread = None
+            if self._thread.is_alive():  # a handler still runs (e.g. waits for the engine lock)
+                self.log.warning(f"service loop still busy after {timeout} s; it ends after it")
+            else:
+                self._thread = None
 
     def serve(self) -> None:
         """The loop; returns once stop() is called or the context is shut down."""
@@ -124,7 +133,10 @@ class ServiceHost:
                 if ready:
                     for gc in self._guards:
                         if gc.handle.pointer in ready and gc.callback is not None:
-                            gc.callback()
+                            try:
+                                gc.callback()
+                            except Exception as e:  # one bad wake-up never ends the serving
+                                self.log.error(f"guard callback raised {type(e).__name__}: {e}")
                 if self._parked:
                     parked, self._parked = self._parked, []
                     for coro, srv, header in parked:
@@ -138,7 +150,11 @@ class ServiceHost:
     def _serve_one(self, srv) -> None:
         """Every request queued for `srv`, each answered (or parked) in turn."""
         while True:
-            request, header = srv.handle.service_take_request(srv.srv_type.Request)
+            try:
+                request, header = srv.handle.service_take_request(srv.srv_type.Request)
+            except Exception as e:  # a request that does not deserialize: drop it, serve on
+                self.log.error(f"{srv.srv_name}: request not taken: {type(e).__name__}: {e}")
+                return
             if header is None:
                 return
             try:
@@ -173,7 +189,8 @@ class ServiceHost:
 
     def destroy(self) -> None:
         self.stop()
-        for coro, _, _ in self._parked:
-            coro.close()
-        self._parked = []
-        self.node.destroy_node()
+        if self._thread is None:  # the loop has ended: its parked handlers are ours to close
+            for coro, _, _ in self._parked:
+                coro.close()
+            self._parked = []
+        self.node.destroy_node()  # deferred by rcl while the loop still holds the handles

@@ -65,10 +65,17 @@ def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
     c = NodeClient(ros, proc)
     bad = OBS[0].copy()
     bad[2] = np.nan
-    for _ in range(20):
-        c.publish(bad)
-        c.publish(OBS[1], names=["joint1", "joint2"])  # names and arrays disagree
-        ros.spin_for(0.02)
+    # joint_states is best effort in timer mode (sensor QoS, depth 5): on a loaded machine some
+    # are dropped before the control thread takes them, so send bad ones until 20 were refused
+    d: dict = {}
+    end = time.monotonic() + 20.0
+    while int(d.get("refused_inputs", 0)) < 20 and time.monotonic() < end:
+        for _ in range(10):
+            c.publish(bad)
+            c.publish(OBS[1], names=["joint1", "joint2"])  # names and arrays disagree
+            ros.spin_for(0.02)
+        if c.diagnostics:
+            d = c.diagnostics[-1]
     ros.spin_for(0.3)
     assert c.commands == []  # nothing valid arrived: nothing commanded
     d = c.latest_diag(3.0)

@@ -415,33 +415,30 @@ class FlashrtNode(LifecycleNode):
 
     # -- diagnostics -------------------------------------------------------------------------------
     def _publish_diagnostics(self) -> None:
-        st = self.stats
-        rate = st.rate(time.monotonic())
-        with st.lock:
-            kv = {
-                "state": "active"
-                if self.active
-                else ("inactive" if self.engine else "unconfigured"),
-                "rate_hz": f"{rate:.1f}",
-                "steps": str(st.steps),
-                "step_p50_us": f"{st.step_us.pct(50):.1f}",
-                "step_p99_us": f"{st.step_us.pct(99):.1f}",
-                "jitter_p99_us": f"{st.jitter_us.pct(99):.1f}",
-                "overruns": str(st.overruns),
-                "refused_inputs": str(st.refused),
-                "last_refusal": st.last_refusal,
-                "stale_ticks": str(st.stale_ticks),
-                "stale_s": f"{st.stale_s:.2f}",
-                "service_p50_us": f"{st.service_us.pct(50):.1f}",
-                "service_p99_us": f"{st.service_us.pct(99):.1f}",
-                "service_lock_wait_p50_us": f"{st.lock_wait_us.pct(50):.1f}",
-                "service_lock_wait_p99_us": f"{st.lock_wait_us.pct(99):.1f}",
-                "step_errors": str(st.step_errors),
-                "last_error": st.last_error,
-                "faults": str(st.faults),
-                "last_fault": st.last_fault,
-            }
-            new_faults, st.faults_reported = st.faults - st.faults_reported, st.faults
+        sn = self.stats.snapshot(time.monotonic())  # percentiles computed off the stats lock
+        rate = sn["rate_hz"]
+        kv = {
+            "state": "active" if self.active else ("inactive" if self.engine else "unconfigured"),
+            "rate_hz": f"{rate:.1f}",
+            "steps": str(sn["steps"]),
+            "step_p50_us": f"{sn['step_p50_us']:.1f}",
+            "step_p99_us": f"{sn['step_p99_us']:.1f}",
+            "jitter_p99_us": f"{sn['jitter_p99_us']:.1f}",
+            "overruns": str(sn["overruns"]),
+            "refused_inputs": str(sn["refused"]),
+            "last_refusal": sn["last_refusal"],
+            "stale_ticks": str(sn["stale_ticks"]),
+            "stale_s": f"{sn['stale_s']:.2f}",
+            "service_p50_us": f"{sn['service_p50_us']:.1f}",
+            "service_p99_us": f"{sn['service_p99_us']:.1f}",
+            "service_lock_wait_p50_us": f"{sn['lock_wait_p50_us']:.1f}",
+            "service_lock_wait_p99_us": f"{sn['lock_wait_p99_us']:.1f}",
+            "step_errors": str(sn["step_errors"]),
+            "last_error": sn["last_error"],
+            "faults": str(sn["faults"]),
+            "last_fault": sn["last_fault"],
+        }
+        new_faults = sn["new_faults"]
         ctl, poisoned, live = self.control, {}, ""
         with ctl.lock:
             eng = ctl.engine
@@ -474,7 +471,7 @@ class FlashrtNode(LifecycleNode):
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
-        elif self.cfg.trigger == "timer" and st.stale_ticks and rate == 0.0:
+        elif self.cfg.trigger == "timer" and sn["stale_ticks"] and rate == 0.0:
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
         elif poisoned:

@@ -95,10 +95,7 @@ class CapsulePool:
             return self.free.pop()
         victims = [c for c in self.caps.values() if c.slot is not None and not c.info.pinned]
         if not victims:
-            raise CapacityError(
-                f"capsule pool full: all {self.slab.shape[0]} slots hold pinned capsules; "
-                "unpin or drop one, or raise capsule_slots"
-            )
+            self.require_room()
         victim = min(victims, key=lambda c: c.last_used)
         self._spill_or_drop(victim)
         return self.free.pop()
@@ -211,6 +208,14 @@ class CapsulePool:
         return bool(self.free) or any(
             c.slot is not None and not c.info.pinned for c in self.caps.values()
         )
+
+    def require_room(self, note: str = "") -> None:
+        """CapacityError (ending with `note`) unless a put finds a slot."""
+        if not self.has_room():
+            raise CapacityError(
+                f"capsule pool full: all {self.slab.shape[0]} slots hold pinned capsules; "
+                f"unpin or drop one, or raise capsule_slots{note}"
+            )
 
     def peek_id(self, skip: Callable[[str], bool] = lambda cid: False) -> str:
         """The next fresh id (not live, `skip(id)` false) without using it up, so a refused

@@ -87,19 +87,17 @@ class CapsuleStore:
             "policy": self.policy_id,
         }
 
-    def write(
-        self, path: str | Path, info: CapsuleInfo, state: torch.Tensor, *, overwrite: bool = True
-    ) -> Path:
-        """Write a capsule file (atomic) holding `state`, the arena bytes of `info`. A file of
-        capsule_dir is never replaced this way, whatever `overwrite` says."""
+    def write(self, path: str | Path, info: CapsuleInfo, state: torch.Tensor) -> Path:
+        """Write a capsule file (atomic) holding `state`, the arena bytes of `info`; an
+        existing file is never replaced."""
         path = check_path(path)
         if not path.parent.is_dir():
             raise BadRequest(f"folder {path.parent} does not exist")
-        if os.path.lexists(path) and (not overwrite or self._in_folder(path)):
+        if os.path.lexists(path):
             raise BadRequest(f"{path} exists; remove it first or pick another path")
         payload = state.cpu().numpy().tobytes()
         try:
-            return diskfmt.write_capsule_file(path, self.header(info), payload, overwrite=overwrite)
+            return diskfmt.write_capsule_file(path, self.header(info), payload, overwrite=False)
         except FileExistsError:
             raise BadRequest(f"{path} exists; remove it first or pick another path") from None
         except OSError as e:  # disk full, read-only, permissions: the caller's input problem
@@ -156,7 +154,7 @@ class CapsuleStore:
                 f"capsule file {path.name} exists in capsule_dir (a capsule not in the pool: "
                 "evicted, or not loaded at start); load_capsule and drop it, or pick another name"
             )
-        path = self.write(path, info, state, overwrite=False)
+        path = self.write(path, info, state)
         self._files[info.id] = _Owned(path, info.stamp, info.checksum)
         return path
 
@@ -176,9 +174,6 @@ class CapsuleStore:
         if any(_same(o.path, path) for o in self._files.values()):
             return
         self._files[info.id] = _Owned(path, info.stamp, info.checksum)
-
-    def owns(self, cid: str) -> bool:
-        return cid in self._files
 
     def remove(self, info: CapsuleInfo) -> None:
         """Delete the file of a dropped capsule (only the file holding this very capsule);

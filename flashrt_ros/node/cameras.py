@@ -133,10 +133,6 @@ class Cameras:
             ]
             self._publish_seen()
 
-    @property
-    def subscriptions(self) -> list:
-        return [c.sub for c in self.cams]
-
     def close(self, node) -> None:
         for c in self.cams:
             node.destroy_subscription(c.sub)

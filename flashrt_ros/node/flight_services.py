@@ -51,7 +51,7 @@ from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
-from flashrt_ros.errors import BadName, BadRequest, CapacityError
+from flashrt_ros.errors import BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
 from flashrt_ros.runtime.flight import nonfinite_regions
 from flashrt_ros.srv import DumpFlight, Rewind
@@ -124,7 +124,7 @@ class Snapshot:
                 stamp=self.stamps[i],
             )
             path = folder / f"{cid}{diskfmt.SUFFIX}"
-            out.append(self.store.write(path, info, state, overwrite=False))
+            out.append(self.store.write(path, info, state))
         return out
 
 
@@ -263,22 +263,13 @@ class FlightServices:
 
     # -- shared -----------------------------------------------------------------------------------
     def _engine_or_refuse(self):
-        eng = self.ctl.engine
-        if eng is None:
-            raise BadRequest("node is not configured: configure it (lifecycle) first")
+        eng = self.ctl.configured()
         if not eng.flight_ticks:
             raise BadRequest(
                 "the flight recorder is off: start the node with flight_ticks > 0 "
                 "(the number of ticks to keep per session)"
             )
         return eng
-
-    def _session(self, eng, name: str) -> str:
-        s = name or self.ctl.live
-        if s.startswith("_"):
-            raise BadName(f"session {s!r} is reserved (internal)")
-        eng.session(s)  # UnknownReference naming the sessions there are
-        return s
 
     def _answer(self, what: str, resp, e: Exception):
         if isinstance(e, ValueError | CapacityError):  # BadRequest is a ValueError
@@ -288,11 +279,6 @@ class FlightServices:
             resp.message = f"{what} failed: fault ({self.ctl.fault(f'{what} request', e)})"
         resp.success = False
         return resp
-
-    def _timed(self, t0: float) -> None:
-        st = self.ctl.stats
-        with st.lock:
-            st.service_us.add((time.perf_counter() - t0) * 1e6)
 
     def _snapshot(self, eng, session: str) -> Snapshot:
         """Copy the held steps to host memory (lock held: ~/dump_flight of a moving session)."""
@@ -322,15 +308,15 @@ class FlightServices:
         except Exception as e:
             return self._answer("rewind", resp, e)
         finally:
-            self._timed(t0)
+            self.ctl.timed(t0)
 
     def _rewind(self, req, resp):
         by_stamp = stamp_ns(req.stamp)
         with self.ctl.lock:
             eng = self._engine_or_refuse()
-            session = self._session(eng, req.session)
+            session = self.ctl.user_session(eng, req.session)
             s = eng.session(session)
-            held = eng.flight(session)
+            held = s.flight_steps()  # a range: nothing built per held step under the lock
             cur = held[-1]
             if by_stamp:
                 target = None
@@ -386,11 +372,7 @@ class FlightServices:
                 f"step {target} of session {s.name!r} holds NaN or Inf in {', '.join(bad)}; "
                 "refusing to keep it (rewind without keep, or ~/dump_flight writes it to files)"
             )
-        if not eng.pool.has_room():
-            raise CapacityError(
-                f"capsule pool full: all {eng.pool.slab.shape[0]} slots hold pinned capsules; "
-                "unpin or drop one, or raise capsule_slots (nothing was rewound)"
-            )
+        eng.pool.require_room(" (nothing was rewound)")
 
     # -- ~/dump_flight ----------------------------------------------------------------------------
     async def dump_flight(self, req, resp):
@@ -400,7 +382,7 @@ class FlightServices:
         try:
             with self.ctl.lock:
                 eng = self._engine_or_refuse()
-                session = self._session(eng, req.session)
+                session = self.ctl.user_session(eng, req.session)
                 if not self.ctl.cfg.capsule_dir:
                     raise BadRequest("dump_flight needs capsule_dir to be set (where to write)")
                 snap = self._snapshot(eng, session)
@@ -411,7 +393,7 @@ class FlightServices:
         except Exception as e:
             return self._answer("dump_flight", resp, e)
         finally:
-            self._timed(t0)
+            self.ctl.timed(t0)
         resp.success, resp.files = True, [str(p) for p in paths]
         resp.message = (
             f"wrote {len(paths)} ticks of {session!r} (steps {snap.steps[0]}..{snap.steps[-1]}) "
@@ -636,7 +618,7 @@ class FlightServices:
 
     def diagnostics(self, eng, live: str) -> dict[str, str]:
         """Ring depth of the live session and the device bytes of all rings (lock held)."""
-        depth = len(eng.flight(live)) if eng.flight_ticks else 0
+        depth = len(eng.session(live).flight_steps()) if eng.flight_ticks else 0
         return {
             "flight_depth": str(depth),
             "flight_bytes": str(eng.flight_bytes()),

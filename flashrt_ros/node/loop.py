@@ -57,6 +57,8 @@ class EngineLock:
         self.tick_s = 0.0  # how long a tick takes (a running mean, from the loop)
 
     def __enter__(self) -> EngineLock:
+        if self._lock.acquire(blocking=False):  # free: nobody to tell that we wait (every tick)
+            return self
         with self._cond:
             self._waiting += 1
         self._lock.acquire()

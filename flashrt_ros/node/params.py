@@ -560,7 +560,6 @@ def _node_cross(v: Mapping[str, Any]) -> list[str]:
     return []
 
 
-NAME_RE, NAME_TEXT = r"[A-Za-z0-9_]+", "letters, digits and _"
 # a camera: a ROS name token (it becomes part of camera/<name>/image_raw), then an encoding
 
 NODE_PARAMS = ParamTable(

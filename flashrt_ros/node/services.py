@@ -63,6 +63,27 @@ class Control:
         """The node's current NodeConfig (replaced, not mutated, on a parameter change)."""
         return self._config()
 
+    def configured(self):
+        """The Engine, or BadRequest when the node is not configured."""
+        eng = self.engine
+        if eng is None:
+            raise BadRequest("node is not configured: configure it (lifecycle) first")
+        return eng
+
+    def user_session(self, eng, name: str) -> str:
+        """An existing user session ("" = the live one)."""
+        s = name or self.live
+        if s.startswith("_"):
+            raise BadName(f"session {s!r} is reserved (internal)")
+        eng.session(s)  # UnknownReference naming the sessions there are
+        return s
+
+    def timed(self, t0: float) -> None:
+        """Record a served request's time (`service_p*_us` in /diagnostics)."""
+        st = self.stats
+        with st.lock:
+            st.service_us.add((time.perf_counter() - t0) * 1e6)
+
     def fault(self, where: str, e: BaseException | None = None, step_error: bool = False) -> str:
         """Count and log a fault; returns its text. Not a bad request: the operator must look."""
         text = where if e is None else f"{where}: {type(e).__name__}: {e}"
@@ -127,14 +148,9 @@ class CapsuleServices:
             except Exception as e:
                 return self._answer(fn.__name__, resp, e)
             finally:
-                self._timed(t0)
+                self.ctl.timed(t0)
 
         return handler
-
-    def _timed(self, t0: float) -> None:
-        st = self.ctl.stats
-        with st.lock:
-            st.service_us.add((time.perf_counter() - t0) * 1e6)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -147,20 +163,6 @@ class CapsuleServices:
         st = self.ctl.stats
         with st.lock:
             st.lock_wait_us.add(waited * 1e6)
-
-    def _engine(self):
-        eng = self.ctl.engine
-        if eng is None:
-            raise BadRequest("node is not configured: configure it (lifecycle) first")
-        return eng
-
-    def _session(self, eng, name: str) -> str:
-        """An existing user session ("" = the live one)."""
-        s = name or self.ctl.live
-        if s.startswith("_"):
-            raise BadName(f"session {s!r} is reserved (internal)")
-        eng.session(s)
-        return s
 
     def _said(self, text: str) -> None:
         self._pending.put((False, text))
@@ -183,8 +185,8 @@ class CapsuleServices:
     # -- handlers ----------------------------------------------------------------------------------
     def checkpoint(self, req, resp):
         with self._locked():
-            eng = self._engine()
-            session = self._session(eng, req.session)
+            eng = self.ctl.configured()
+            session = self.ctl.user_session(eng, req.session)
             info = eng.checkpoint(session, name=req.name or None, pin=req.pin, persist=req.persist)
         resp.success, resp.capsule = True, capsule_msg(info)
         resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
@@ -193,8 +195,8 @@ class CapsuleServices:
 
     def restore(self, req, resp):
         with self._locked():
-            eng = self._engine()
-            session = self._session(eng, req.session)
+            eng = self.ctl.configured()
+            session = self.ctl.user_session(eng, req.session)
             was = eng.poisoned(session)
             info = eng.restore(req.capsule, session, verify=req.verify)
             step = eng.session_step(session)
@@ -207,7 +209,7 @@ class CapsuleServices:
 
     def branch(self, req, resp):
         with self._locked():
-            eng = self._engine()
+            eng = self.ctl.configured()
             goal = list(req.goal) if len(req.goal) else None
             info = eng.branch(req.capsule, req.session, goal=goal)
             step = eng.session_step(req.session)
@@ -233,17 +235,17 @@ class CapsuleServices:
 
     def drop_capsule(self, req, resp):
         with self._locked():
-            info = self._engine().drop(req.capsule)
+            info = self.ctl.configured().drop(req.capsule)
         resp.success, resp.message = True, f"dropped {info.id}"
         self._said(f"drop: {resp.message}")
         return resp
 
     def drop_session(self, req, resp):
         with self._locked():
-            eng = self._engine()
+            eng = self.ctl.configured()
             if not req.session:
                 raise BadRequest("name a session to drop")
-            self._session(eng, req.session)
+            self.ctl.user_session(eng, req.session)
             if req.session == self.ctl.live:
                 raise BadRequest(f"{req.session!r} is the live session; activate another first")
             eng.drop_session(req.session)
@@ -254,8 +256,8 @@ class CapsuleServices:
     def reset_session(self, req, resp):
         """Back to the initial state: how a poisoned session is recovered without a capsule."""
         with self._locked():
-            eng = self._engine()
-            session = self._session(eng, req.session)
+            eng = self.ctl.configured()
+            session = self.ctl.user_session(eng, req.session)
             was = eng.poisoned(session)
             eng.reset(session)
             step = eng.session_step(session)
@@ -275,7 +277,7 @@ class CapsuleServices:
         loop is free for other requests."""
         t0 = time.perf_counter()
         try:
-            eng = self._engine()
+            eng = self.ctl.configured()
             n = self._check_sizes(eng, req)
             done: Future = Future()
             self._jobs.put((eng, req, n, done))
@@ -285,7 +287,7 @@ class CapsuleServices:
         except Exception as e:
             return self._answer("rollout", resp, e)
         finally:
-            self._timed(t0)
+            self.ctl.timed(t0)
         resp.success, resp.action_dim = True, eng.action_dim
         resp.actions = array.array("d", actions.tobytes())
         resp.message = f"{n} steps on " + (
@@ -361,10 +363,10 @@ class CapsuleServices:
             if req.capsule:
                 eng.branch(req.capsule, req.session)
                 return req.session
-            return self._healthy(eng, self._session(eng, req.session))
+            return self._healthy(eng, self.ctl.user_session(eng, req.session))
         if req.capsule:
             return eng.fork_scratch(capsule=req.capsule)
-        return eng.fork_scratch(session=self._healthy(eng, self._session(eng, req.session)))
+        return eng.fork_scratch(session=self._healthy(eng, self.ctl.user_session(eng, req.session)))
 
     def _healthy(self, eng, session: str) -> str:
         """A poisoned session is no state to roll out from: the request is refused (no fault)."""

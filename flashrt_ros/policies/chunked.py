@@ -124,6 +124,8 @@ class ChunkedPolicy(Policy):
             if self.n_action != 1:
                 raise BadRequest("temporal ensembling infers every tick: n_action_steps must be 1")
         self.coeff = None if coeff is None else float(coeff)
+        # a module that must not be compiled says so (policies/base.py Policy.fuse_default)
+        self.fuse_default = bool(getattr(module, "fuse_default", True))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params
@@ -187,9 +189,9 @@ class ChunkedPolicy(Policy):
     def step_kind(self, kind, obs, state, action, chunk) -> None:
         """One tick: push the inputs into the history, then infer (a new chunk) or pop."""
         step = state["step"]  # (1,) ticks before this one
-        batch = self._history(obs, state, step)
-        if kind == INFER:
-            pred = self.predict(batch, state)
+        self._push(obs, state, step)
+        if kind == INFER:  # a queue tick keeps the history but never reads it
+            pred = self.predict(self._batch(obs, state, step), state)
             if self.coeff is not None:
                 self._ensemble(pred, state, action, chunk)
                 return
@@ -200,20 +202,25 @@ class ChunkedPolicy(Policy):
         action.copy_(plan[:, 0])
 
     # -- the pieces -------------------------------------------------------------------------------
-    def _history(self, obs: dict, state: dict, step: torch.Tensor) -> dict:
-        """The batch LeRobot would build: with n_obs_steps > 1 each input is written to ring slot
-        step % T and read back in time order, the slots before the first tick standing for the
-        first observation (LeRobot repeats it): slot of max(step - T + 1 + t, 0)."""
+    def _push(self, obs: dict, state: dict, step: torch.Tensor) -> None:
+        """With n_obs_steps > 1, write each input to its history ring's slot step % T."""
+        if self.n_obs == 1:
+            return
+        slot = step % self.n_obs
+        for k, v in obs.items():
+            state[f"hist.{k}"].index_copy_(1, slot, v[:, None])
+
+    def _batch(self, obs: dict, state: dict, step: torch.Tensor) -> dict:
+        """The batch LeRobot would build: with n_obs_steps > 1 each input's ring read back in
+        time order (after _push), the slots before the first tick standing for the first
+        observation (LeRobot repeats it): slot of max(step - T + 1 + t, 0)."""
         if self.n_obs == 1:
             return {k: v[:, None] if self.time_axis else v for k, v in obs.items()}
         t = self.n_obs
-        slot = step % t
         order = torch.clamp(step - (t - 1) + self.obs_t, min=0) % t
         out = {}
-        for k, v in obs.items():
-            h = state[f"hist.{k}"]
-            h.index_copy_(1, slot, v[:, None])
-            seq = h.index_select(1, order)
+        for k in obs:
+            seq = state[f"hist.{k}"].index_select(1, order)
             out[k] = seq if self.time_axis else seq[:, -1]
         return out
 

@@ -63,11 +63,6 @@ def _chunked_builtin(spec: str, weights, overrides: dict) -> Policy:
         raise BadRequest(f"{spec}: {e}") from e
     size = kw.get("size", "sim")
     policy = ChunkedPolicy(module, policy_id=f"{spec}/{size}", check_pure=False)
-    if spec == "builtin:act":
-        # On the H200 (torch 2.11) the inductor-compiled step of act's goal read-back (spatial
-        # softmax keypoints, atan2) gave actions about half the eager ones, while the captured
-        # eager kernels match: serve it unfused until that is understood (test_cuda_policies.py)
-        policy.fuse_default = False
     return policy.eval()
 
 

@@ -18,12 +18,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.obs.keys import IMAGE_PREFIX, STATE_KEY
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-STATE_KEY = "observation.state"
-IMAGE_PREFIX = "observation.images."
 ACTION_KEY = "action"
 
 

@@ -239,15 +239,6 @@ def _stamp_ns(t) -> int:
 # inputs (joint_states + goal)
 
 
-def camera_topics(path: str | Path, camera_prefix: str = "/camera") -> dict[str, str]:
-    """Camera name -> topic of the bag's ``<camera_prefix>/<name>/image_raw`` topics."""
-    reader = _open(path)
-    try:
-        return {n: t for n, (t, _) in _camera_conns(reader, camera_prefix, path).items()}
-    finally:
-        reader.close()
-
-
 def _camera_conns(reader: Reader, prefix: str, path) -> dict[str, tuple[str, list]]:
     pat = re.compile(re.escape(_norm(prefix).rstrip("/")) + r"/([A-Za-z][A-Za-z0-9_]*)/image_raw")
     out: dict[str, tuple[str, list]] = {}

@@ -128,11 +128,6 @@ def _ref(x, what: str) -> str:
     return x
 
 
-# the checks live in inputs.py; these names stay for code that imported them from here
-_numeric = numeric
-_vector = vector
-
-
 class Engine:
     """Serves one policy: sessions of static state, captured steps, a capsule pool."""
 
@@ -419,7 +414,7 @@ class Engine:
                 f"{[i.name for i in self.inputs]} (engine.observation_spec() gives shapes), "
                 f"got {type(obs).__name__}"
             )
-        return _vector(obs, self.obs_dim, what, self.obs_limit)
+        return vector(obs, self.obs_dim, what, self.obs_limit)
 
     def check_observations(self, observations) -> np.ndarray | list[dict]:
         """Rows of observations as float32 (n, obs_dim), or, given a sequence of dicts, the
@@ -442,8 +437,8 @@ class Engine:
             isinstance(r, list | tuple) for r in observations
         ):  # rows of Python numbers: check each row's elements (bools, strings) too
             for i, r in enumerate(observations):
-                _numeric(r, f"observation row {i}")
-        rows = _numeric(observations, "observations")
+                numeric(r, f"observation row {i}")
+        rows = numeric(observations, "observations")
         if rows.ndim != 2 or rows.shape[1] != self.obs_dim or rows.shape[0] == 0:
             raise BadRequest(
                 f"observations must have shape (n>0, {self.obs_dim}), got {rows.shape}"
@@ -522,7 +517,7 @@ class Engine:
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
         s = self.session(session)
-        g = _vector(goal, self.goal_dim, "goal", self.obs_limit)
+        g = vector(goal, self.goal_dim, "goal", self.obs_limit)
         s.views["goal"][0].copy_(torch.from_numpy(g))
 
     def get_goal(self, session: str = "main") -> np.ndarray:
@@ -566,11 +561,7 @@ class Engine:
             if name:
                 check_capsule_name(name)
                 self.pool.check_name_free(name)
-            if not self.pool.has_room():
-                raise CapacityError(
-                    f"capsule pool full: all {self.pool.slab.shape[0]} slots hold pinned "
-                    "capsules; unpin or drop one, or raise capsule_slots"
-                )
+            self.pool.require_room()
             cid, stamp = self._fresh_id(), time.time()
             info = CapsuleInfo(
                 id=cid,
@@ -621,9 +612,9 @@ class Engine:
         cap = self.pool.get(capsule)
         g = None
         if goal is not None:
-            a = _numeric(goal, "goal")
+            a = numeric(goal, "goal")
             if not (a.ndim == 1 and a.size == 0):  # an empty goal means "keep the capsule's"
-                g = _vector(a, self.goal_dim, "goal", self.obs_limit)
+                g = vector(a, self.goal_dim, "goal", self.obs_limit)
         self._room_for(session)
         s = self._sessions.get(session) or self._new_session(session)
         self._copy_in(cap, s, verify=False)
@@ -737,7 +728,7 @@ class Engine:
             raise BadRequest("save_capsule needs the path of the file to write")
         path = check_path(path)
         cap = self.pool.get(_ref(capsule, "capsule"))
-        return self.store.write(path, self.pool.info(cap), self.pool.source(cap), overwrite=False)
+        return self.store.write(path, self.pool.info(cap), self.pool.source(cap))
 
     def _fresh_id(self) -> str:
         """The next id free in the pool, among live names and in capsule_dir. Not used up
@@ -862,7 +853,7 @@ class Engine:
             pinned=False,
             stamp=time.time(),
         )
-        return self.store.write(path, info, src, overwrite=False)
+        return self.store.write(path, info, src)
 
     def flight_bytes(self) -> int:
         """Device bytes held by the flight rings of all sessions."""

@@ -103,7 +103,6 @@ class Session:
         # the vector form's buffers (the first vector input; None for an image-only policy)
         first = next((i.name for i in specs if i.kind == "vector"), None)
         self.obs = self.inputs.dev.get(first)
-        self.host_obs = self.inputs.host.get(first)
         self.obs_np = self.inputs.np.get(first)
         self.action = torch.zeros((1, policy.action_dim), dtype=torch.float32, device=device)
         self.chunk = torch.zeros(

@@ -3,8 +3,11 @@ of "Execution-State Capsules" (arXiv 2606.20537)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 
 from flashrt_ros.errors import BadRequest, CapacityError, CorruptCapsule
 from flashrt_ros.runtime.recipes import restore_regions, rollback
@@ -204,8 +207,6 @@ def test_fingerprint_mismatch_is_refused(tmp_path):
 
 
 def test_checksum_fills_the_given_buffer_and_sees_one_flipped_bit():
-    import torch
-
     from flashrt_ros.capsules.checksum import device_checksum, reference_digest, to_hex
 
     buf = torch.randint(0, 256, (4096 + 12,), dtype=torch.uint8, generator=torch.Generator())
@@ -221,3 +222,156 @@ def test_checksum_fills_the_given_buffer_and_sees_one_flipped_bit():
     assert to_hex(device_checksum(buf)) == before != to_hex(device_checksum(swapped))
     with pytest.raises(ValueError, match="multiple of 4"):
         device_checksum(buf[:7])
+
+
+# -- checkpoint: one probe pass (finite flags + checksum), one readback ---------------------------
+def _reference_hex(buf) -> str:
+    from flashrt_ros.capsules.checksum import reference_digest, to_hex
+
+    return to_hex(reference_digest(buf))
+
+
+def test_checkpoint_checksum_is_the_reference_digest_of_the_arena_and_of_the_slot(tmp_path):
+    """The probe's digest goes to the slot's digest row by a copy: it must be exactly the
+    digest of the slot's bytes (restore's verify compares against it), and its hex the info's,
+    the persisted file's and the one a new computation gives."""
+    from flashrt_ros.capsules.checksum import reference_digest
+
+    eng = warmed(capsule_dir=tmp_path)
+    eng.create_session("alt")
+    run(eng, OBS[:37], session="alt")
+    for session, persist in (("main", False), ("alt", True), ("main", True)):
+        state = eng.session(session).arena.buf.clone()
+        cap = eng.checkpoint(session, persist=persist)
+        assert cap.checksum == _reference_hex(state) == eng.state_checksum(session)
+        pc = eng.pool.get(cap.id)
+        assert pc.digest.data_ptr() == eng.pool.digests[pc.slot].data_ptr()  # the slot's row
+        assert torch.equal(pc.digest, reference_digest(eng.pool.slab[pc.slot]))
+        assert torch.equal(pc.digest, reference_digest(state))
+        if persist:
+            header, payload = eng.store.read(tmp_path / f"{cap.id}.fcap")  # checks the checksum
+            assert header["checksum"] == cap.checksum and bytes(payload) == bytes(state.numpy())
+        run(eng, OBS[100:103], session=session)  # the next checkpoint sees another state
+    assert len({c.checksum for c in eng.capsules()}) == 3
+
+
+def test_checkpoint_computes_the_checksum_once_and_never_reads_it_back_again(monkeypatch, tmp_path):
+    """One pass: the probe's digest is the only checksum a checkpoint computes (the pool copies
+    it), and its hex comes from the probe's readback (the pool's lazy to_hex never runs), with
+    persist too. On CUDA this is what makes a checkpoint one launch and one wait."""
+    from flashrt_ros.capsules import pool as pool_mod
+    from flashrt_ros.runtime import engine as engine_mod
+
+    eng = warmed(capsule_dir=tmp_path)
+    eng.checkpoint()  # main's probe exists from the start; "alt"'s is made below on first use
+    eng.create_session("alt")
+    calls: list[str] = []
+    real = engine_mod.device_checksum
+
+    def counted(buf, out=None):
+        calls.append("probe")
+        return real(buf, out=out)
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("a checkpoint computed or read back the checksum a second time")
+
+    monkeypatch.setattr(engine_mod, "device_checksum", counted)
+    monkeypatch.setattr(pool_mod, "device_checksum", forbidden)
+    monkeypatch.setattr(pool_mod, "to_hex", forbidden)
+    monkeypatch.setattr(engine_mod, "to_hex", forbidden)
+    for session, kw in (
+        ("alt", {}),
+        ("main", {}),
+        ("main", {"persist": True, "name": "kept"}),
+        ("alt", {"persist": True, "pin": True}),
+    ):
+        calls.clear()
+        eng.checkpoint(session, **kw)
+        assert calls == ["probe"], (session, kw)
+    assert all(len(c.checksum) == 32 for c in eng.capsules())
+
+
+def test_a_nan_refusal_changes_nothing_not_even_the_next_id(tmp_path):
+    eng = warmed(capsule_dir=tmp_path, capsule_slots=2)
+    s = eng.session("main")
+    before, free, slab = eng.state_bytes(), eng.pool.free_slots(), eng.pool.slab.clone()
+    for region, bad in (("goal", math.inf), ("goal", -math.inf), ("goal", math.nan)):
+        v = s.views[region]
+        old = v.clone()
+        v.view(-1)[0] = bad
+        for kw in ({}, {"persist": True}, {"persist": True, "name": "x"}, {"pin": True}):
+            with pytest.raises(BadRequest, match=f"'main' holds NaN or Inf in {region}; refusing"):
+                eng.checkpoint(**kw)
+        v.copy_(old)
+    assert eng.state_bytes() == before and eng.session_step() == 100
+    assert eng.capsules() == [] and eng.pool.free_slots() == free
+    assert torch.equal(eng.pool.slab, slab) and list(tmp_path.iterdir()) == []
+    cap = eng.checkpoint(persist=True)  # once finite again it works, with the first id
+    assert cap.id == "c0001" and [p.name for p in tmp_path.iterdir()] == ["c0001.fcap"]
+
+
+def test_restore_verify_after_checkpoint_passes_and_catches_corruption_in_either_tier():
+    """The digest row a checkpoint stores (the probe's, copied) is what verify compares: a
+    clean restore passes, one flipped bit in the slot or in the spilled host copy is caught."""
+    eng = warmed(capsule_slots=1, host_capsule_slots=1)
+    first = eng.checkpoint(name="first")
+    at_first = eng.state_bytes()
+    run(eng, OBS[100:120])
+    second = eng.checkpoint(name="second")  # spills "first" to the host tier (digest cloned)
+    at_second = eng.state_bytes()
+    assert {i.name: i.tier for i in eng.capsules()} == {"first": "host", "second": "cpu"}
+    run(eng, OBS[120:130])
+    assert eng.restore("first", verify=True).checksum == first.checksum
+    assert eng.state_bytes() == at_first
+    assert eng.restore("second", verify=True).checksum == second.checksum
+    assert eng.state_bytes() == at_second
+    for cap in (eng.pool.get("second"), eng.pool.get("first")):
+        src = eng.pool.source(cap)
+        src[-5] ^= 1
+        run(eng, OBS[130:131])
+        before = eng.state_bytes()
+        with pytest.raises(CorruptCapsule, match=cap.info.id):
+            eng.restore(cap.info.id, verify=True)
+        assert eng.state_bytes() == before
+        src[-5] ^= 1
+        eng.restore(cap.info.id, verify=True)
+
+
+def test_a_session_made_again_under_its_name_gets_a_new_probe():
+    eng = warmed()
+    eng.create_session("alt")
+    eng.checkpoint("alt")
+    old = eng._probes["alt"]
+    eng.drop_session("alt")
+    assert "alt" not in eng._probes
+    alt = eng.create_session("alt")
+    run(eng, OBS[:5], session="alt")
+    cap = eng.checkpoint("alt")
+    assert eng._probes["alt"] is not old and eng._probes["alt"].session is alt
+    assert cap.checksum == _reference_hex(alt.arena.buf) and cap.step == 5
+
+
+def test_pool_put_copies_a_given_digest_and_computes_one_otherwise():
+    """pool.put's contract for its other callers (reload, checkpoint_at, rewind's keep): without
+    a digest it computes the slot's; with one it copies it; a wrong size is refused before a
+    slot is taken (nobody evicted)."""
+    import torch
+
+    from flashrt_ros.capsules.checksum import hex_of, reference_digest
+    from flashrt_ros.capsules.pool import CapsulePool
+
+    pool = CapsulePool(64, torch.device("cpu"), slots=1)
+    src = torch.arange(64, dtype=torch.uint8)
+    ref = reference_digest(src)
+    a = pool.put(src, session="s", parent_id="", step=1)
+    assert torch.equal(a.digest, ref) and pool.info(a).checksum == hex_of(ref.tolist())
+    with pytest.raises(ValueError, match="64 bytes"):
+        pool.put(src[:60], session="s", parent_id="", step=2)
+    with pytest.raises(ValueError, match="digest"):
+        pool.put(src, session="s", parent_id="", step=2, digest=ref[:1])
+    assert list(pool.caps) == [a.info.id]  # not evicted by the refused puts
+    b = pool.put(src, session="s", parent_id="", step=3, digest=ref.clone(), checksum="ab" * 16)
+    assert a.info.id not in pool.caps  # LRU eviction made room
+    assert torch.equal(b.digest, ref) and b.info.checksum == "ab" * 16
+    assert b.digest.data_ptr() == pool.digests[b.slot].data_ptr()
+    assert pool.matches(b, src)

@@ -66,3 +66,136 @@ def test_copies_exact_256B_to_64MB_and_cache_eviction(ck):
 
 def test_exported_policy_captured_matches_module(ck):
     assert_checks(ck.exported_policy())
+
+
+# -- Engine.checkpoint: one device pass, one host wait ------------------------------------------
+# These build an Engine themselves (unfused, so no inductor compile) instead of a bench.checks
+# group: they patch the engine's wait and torch's sync calls to count host synchronizations.
+
+
+def _cuda_engine(**kw):
+    from test.engine_util import make_engine, observations
+
+    eng = make_engine(device="cuda", fuse=False, **kw)
+    for o in observations(20, seed=3):
+        eng.step(o)
+    return eng
+
+
+def test_checkpoint_is_one_captured_pass_and_one_host_wait(monkeypatch):
+    """Engine.checkpoint on CUDA waits for the device exactly once (Engine._wait, after the
+    probe's graph: finite flags + checksum kernel + the copy into pinned memory) and syncs
+    nowhere else; the capsule's checksum and the slot's digest row are those of the bytes.
+
+    How syncs are counted: torch.cuda.set_sync_debug_mode("error") makes every implicit sync of
+    a torch op raise (.cpu()/.tolist()/.item() of a device tensor, torch.equal, a pageable copy:
+    what the old path did twice); the explicit waits, which that mode does not see
+    (torch.cuda.synchronize, Stream.synchronize, Event.synchronize), are patched to be recorded
+    unless they run inside Engine._wait, itself counted. Measured after a warm-up checkpoint into
+    the same slot, so first-use work (one-node copy graphs) is not what is counted."""
+    import torch
+
+    from flashrt_ros.capsules.checksum import reference_digest, to_hex
+
+    eng = _cuda_engine(capsule_slots=2)
+    probe = eng._probes["main"]  # made at start-up
+    assert probe.plan.graph is not None, "the probe must be a captured graph"
+    assert probe.whole, "the checksum kernel must be inside the probe's graph (NVRTC missing?)"
+    eng.drop(eng.checkpoint().id)  # warm-up; its slot is the one the next checkpoint takes
+
+    inside = [False]
+    waits: list[int] = []
+    stray: list[str] = []
+    real_wait = eng._wait
+
+    def counted_wait() -> None:
+        waits.append(1)
+        inside[0] = True
+        try:
+            real_wait()
+        finally:
+            inside[0] = False
+
+    def recorded(what: str, fn):
+        def call(*a, **k):
+            if not inside[0]:
+                stray.append(what)
+            return fn(*a, **k)
+
+        return call
+
+    monkeypatch.setattr(eng, "_wait", counted_wait)
+    monkeypatch.setattr(torch.cuda, "synchronize", recorded("synchronize", torch.cuda.synchronize))
+    for cls in (torch.cuda.Stream, torch.cuda.Event):
+        monkeypatch.setattr(cls, "synchronize", recorded(cls.__name__, cls.synchronize))
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        info = eng.checkpoint()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    monkeypatch.undo()
+    assert waits == [1], f"{len(waits)} waits"
+    assert stray == [], f"explicit syncs outside the wait: {stray}"
+
+    state = eng.session("main").arena.buf
+    ref = reference_digest(state)
+    assert info.checksum == to_hex(ref)
+    cap = eng.pool.get(info.id)
+    assert torch.equal(cap.digest, ref)
+    assert torch.equal(reference_digest(eng.pool.slab[cap.slot]), ref)
+    assert eng.restore(info.id, verify=True).checksum == info.checksum
+
+
+def test_checkpoint_refuses_nan_and_verify_catches_a_flipped_byte_on_cuda(tmp_path):
+    """The graph's flags refuse a NaN (nothing taken, no file); a clean checkpoint restores with
+    verify; one flipped bit in its slot is caught. Persist writes the probe's checksum."""
+    import math
+
+    from flashrt_ros.capsules.checksum import reference_digest, to_hex
+    from flashrt_ros.errors import BadRequest, CorruptCapsule
+    from test.engine_util import observations
+
+    eng = _cuda_engine(capsule_slots=2, capsule_dir=tmp_path)
+    goal = eng.session("main").views["goal"]
+    old = goal.clone()
+    goal.view(-1)[-1] = math.nan
+    for persist in (False, True):
+        with pytest.raises(BadRequest, match="NaN or Inf in goal"):
+            eng.checkpoint(persist=persist)
+    assert eng.capsules() == [] and list(tmp_path.iterdir()) == []
+    goal.copy_(old)
+    cap = eng.checkpoint(persist=True)
+    header, _payload = eng.store.read(tmp_path / f"{cap.id}.fcap")  # checks payload vs checksum
+    state = eng.session("main").arena.buf
+    assert header["checksum"] == cap.checksum == to_hex(reference_digest(state))
+    eng.step(observations(1, seed=9)[0])
+    assert eng.restore(cap.id, verify=True).checksum == cap.checksum
+    slot = eng.pool.get(cap.id).slot
+    eng.pool.slab[slot, 3] ^= 0x10
+    before = eng.state_bytes()
+    with pytest.raises(CorruptCapsule):
+        eng.restore(cap.id, verify=True)
+    assert eng.state_bytes() == before
+
+
+def test_checkpoint_probe_without_the_kernel_digests_after_the_replay(monkeypatch):
+    """Where the checksum kernel is missing (as if NVRTC were), the probe's graph holds only the
+    flags and torch's digest runs after the replay, so its state-sized temporaries stay out of
+    the graph's pool: the checksum is the same, and still read back with the flags."""
+    import torch
+
+    from flashrt_ros.capsules import checksum as checksum_mod
+    from flashrt_ros.capsules.checksum import reference_digest, to_hex
+    from flashrt_ros.runtime import engine as engine_mod
+
+    eng = _cuda_engine()
+    for mod in (engine_mod, checksum_mod):
+        monkeypatch.setattr(mod, "kernel_ready", lambda buf: False)
+    alt = eng.create_session("alt")
+    eng.copy_session("main", "alt")
+    info = eng.checkpoint("alt")
+    assert eng._probes["alt"].plan.graph is not None and not eng._probes["alt"].whole
+    ref = reference_digest(alt.arena.buf)
+    assert info.checksum == to_hex(ref) == eng.state_checksum("main")
+    assert torch.equal(eng.pool.get(info.id).digest, ref)

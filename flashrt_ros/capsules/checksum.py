@@ -12,6 +12,7 @@ import torch
 from flashrt_ros.cuda import graphs, kernels
 
 _MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
 _CHUNK_WORDS = 1 << 24  # bound the temporaries for GiB-sized arenas
 _LANES = ((0x9E3779B1, 0x85EBCA77), (0xC2B2AE3D, 0x27D4EB2F))
 
@@ -28,12 +29,27 @@ def _constants(dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _CONSTS[dev]
 
 
+def kernel_ready(buf: torch.Tensor) -> bool:
+    """Whether `buf`'s checksum is the CUDA kernel: one memset and one launch on the current
+    stream, no temporaries, so a caller may capture it into its own graph (launch_checksum)."""
+    return bool(
+        buf.is_cuda and buf.data_ptr() % 4 == 0 and kernels.function(buf.get_device(), _LANES)
+    )
+
+
+def launch_checksum(buf: torch.Tensor, out: torch.Tensor) -> bool:
+    """out <- the kernel's digest of buf, issued directly on the current stream, so a graph
+    being captured there takes it as two nodes (no one-node graph is cached for it). False,
+    having issued nothing, where kernel_ready(buf) is not true."""
+    return kernels.launch_checksum(buf, out, _LANES)
+
+
 def device_checksum(buf: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """int64 tensor of 2 lanes on buf's device (written into `out` when given); `buf` is uint8
     with a length divisible by 4. On CUDA one kernel computes it (kernels.py), elsewhere torch."""
     if buf.dtype != torch.uint8 or buf.numel() % 4:
         raise ValueError("checksum needs a uint8 buffer whose length is a multiple of 4")
-    if buf.is_cuda and buf.data_ptr() % 4 == 0 and kernels.function(buf.get_device(), _LANES):
+    if kernel_ready(buf):
         if out is None:
             out = torch.empty(2, dtype=torch.int64, device=buf.device)
             kernels.launch_checksum(buf, out, _LANES)
@@ -66,6 +82,11 @@ def reference_digest(buf: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def hex_of(lanes) -> str:
+    """The digest string of lane values already on the host (no device work, no sync)."""
+    return "".join(f"{int(v) & _MASK64:016x}" for v in lanes)
+
+
 def to_hex(acc: torch.Tensor) -> str:
     """Host digest string (syncs)."""
-    return "".join(f"{int(v) & 0xFFFFFFFFFFFFFFFF:016x}" for v in acc.cpu().tolist())
+    return hex_of(acc.cpu().tolist())

@@ -2,7 +2,9 @@
 
 Nothing is allocated per checkpoint: a checkpoint is one device copy into a free slot (evicting
 the least recently used unpinned capsule when none is free), plus a checksum computed by the
-device on the copy. The pool knows bytes and bookkeeping only; the Engine decides what to copy.
+device on the copy, or, when the caller already has the source's digest (the Engine's checkpoint
+probe), a 16-byte device copy of it. The pool knows bytes and bookkeeping only; the Engine
+decides what to copy.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ class CapsulePool:
         self.slab = torch.empty((slots, self.nbytes), dtype=torch.uint8, device=self.device)
         pin = self.device.type == "cuda"
         self.host = torch.empty((host_slots, self.nbytes), dtype=torch.uint8, pin_memory=pin)
-        # one digest row per slot, written by the checksum kernel: no allocation per checkpoint
+        # one digest row per slot, written by the checksum kernel (or copied from the caller's
+        # digest, see put): no allocation per checkpoint
         self.digests = torch.zeros((slots, 2), dtype=torch.int64, device=self.device)
+        self._digest_bytes = self.digests.view(torch.uint8)  # (slots, 16): rows for copy_bytes
         self._probe = torch.zeros(2, dtype=torch.int64, device=self.device)
         self.free = list(range(slots))[::-1]
         self.free_host = list(range(host_slots))[::-1]
@@ -137,19 +141,28 @@ class CapsulePool:
         pinned: bool = False,
         cid: str | None = None,
         stamp: float | None = None,
+        digest: torch.Tensor | None = None,
+        checksum: str = "",
     ) -> Capsule:
-        """Copy `src` (the arena bytes, device or host) into a slot. One copy, one checksum."""
+        """Copy `src` (the arena bytes, device or host) into a slot. One copy, one checksum.
+
+        `digest` (int64[2] on the pool's device) is src's checksum already computed, and
+        `checksum` its hex, both read from the same bytes (Engine.checkpoint's probe): the slot's
+        digest row then gets a copy of `digest` instead of a second pass over the bytes (the copy
+        is exact, so it is the slot's digest too), and the hex needs no readback later."""
         if name:
             check_capsule_name(name)
             self.check_name_free(name)
         if cid is not None and cid in self.caps:
             cid = None
+        if src.numel() != self.nbytes:  # before a slot is taken (and somebody maybe evicted)
+            raise ValueError(f"a capsule holds {self.nbytes} bytes, got {src.numel()}")
+        lanes = None if digest is None else digest.view(torch.uint8)
+        if lanes is not None and lanes.numel() != 16:
+            raise ValueError(f"a digest is 2 int64 lanes, got {tuple(digest.shape)}")
         slot = self._take_slot()
         dst = self.slab[slot]
-        if src.device == dst.device:
-            copy_bytes(dst, src)
-        else:
-            dst.copy_(src, non_blocking=True)
+        copy_bytes(dst, src)  # device to device, or torch's copy for a host source
         info = CapsuleInfo(
             id=cid or self.new_id(),
             name=name,
@@ -158,12 +171,16 @@ class CapsulePool:
             step=int(step),
             nbytes=self.nbytes,
             tier=self.gpu_tier,
-            checksum="",
+            checksum=checksum,
             pinned=bool(pinned),
             stamp=time.time() if stamp is None else float(stamp),
         )
-        digest = device_checksum(dst, out=self.digests[slot])
-        cap = Capsule(info, slot, None, digest, next(self._clock))
+        row = self.digests[slot]
+        if lanes is None:
+            device_checksum(dst, out=row)
+        else:  # 16 bytes device to device, queued like the copy: no sync
+            copy_bytes(self._digest_bytes[slot], lanes)
+        cap = Capsule(info, slot, None, row, next(self._clock))
         self.caps[info.id] = cap
         return cap
 

@@ -21,7 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.checksum import (
+    device_checksum,
+    hex_of,
+    kernel_ready,
+    launch_checksum,
+    to_hex,
+)
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name, check_session_name, is_capsule_id
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
@@ -128,6 +134,52 @@ def _ref(x, what: str) -> str:
     return x
 
 
+class CheckpointProbe:
+    """What a checkpoint must know of one session's arena, from one device pass and one
+    readback: the checksum (2 int64 lanes) and a finite flag per floating-point region, in one
+    int64 buffer `out` = [lane 0, lane 1, flag...]. On CUDA the pass is a graph captured once
+    per session (the flag kernels, the checksum kernel and the copy of `out` into pinned `host`),
+    so a checkpoint issues one launch and waits once, where reading the flags and then the
+    digest back cost a host sync each (and the flag kernels issued eagerly ~0.5 ms of launches
+    on an H200)."""
+
+    def __init__(self, s: Session, regions: list[str], use_graph: bool):
+        self.session = s
+        self.regions = regions
+        buf = self._buf = s.arena.buf
+        on_cuda = buf.is_cuda
+        self.out = out = torch.zeros(2 + len(regions), dtype=torch.int64, device=buf.device)
+        self.digest = digest = out[:2]
+        flags = out[2:]
+        # on the CPU the device buffer is the host buffer: nothing to copy
+        host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
+        self.host = host
+        views = [s.views[n] for n in regions]
+
+        def scan() -> None:
+            if views:
+                flags.copy_(torch.stack([torch.isfinite(v).all() for v in views]))
+            if whole:
+                if not (captured and launch_checksum(buf, digest)):
+                    device_checksum(buf, out=digest)
+                if on_cuda:
+                    copy_io(host, out)
+
+        self.plan = StepPlan(scan, buf.device, use_graph)
+        captured = self.plan.use_graph
+        # A graph takes the kernel's checksum (one launch, no temporaries) but not torch's: its
+        # state-sized temporaries would stay in the graph's pool; that one runs after the replay.
+        self.whole = whole = not captured or kernel_ready(buf)  # digest and readback in scan
+        self.plan.capture([])  # it reads the arena and writes only its own buffers
+
+    def issue(self) -> None:
+        """The pass and the readback, queued (on CUDA the caller waits once, then reads host)."""
+        self.plan.replay()
+        if not self.whole:
+            device_checksum(self._buf, out=self.digest)
+            copy_io(self.host, self.out)
+
+
 class Engine:
     """Serves one policy: sessions of static state, captured steps, a capsule pool."""
 
@@ -197,6 +249,10 @@ class Engine:
         if fuse is None:
             fuse = use_graph and getattr(policy, "fuse_default", True)
         self.fuse = bool(fuse and on_cuda)
+        # A policy may compile parts of itself instead (Policy.compile_parts): the step is then
+        # captured around them, not compiled whole.
+        parts = getattr(policy, "compile_parts", None)  # a duck-typed policy may lack it
+        self._fuse_step = self.fuse and not (parts is not None and parts())
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
@@ -220,7 +276,7 @@ class Engine:
         self._scratch: torch.Tensor | None = None
         # the floating-point regions a checkpoint checks for NaN/Inf
         self._float_regions = [e.name for e in self.spec if e.dtype.is_floating_point]
-        self._probes: dict[str, tuple[Session, StepPlan, torch.Tensor]] = {}
+        self._probes: dict[str, CheckpointProbe] = {}  # session name -> its checkpoint probe
         self.store = CapsuleStore(
             capsule_dir,
             fingerprint=self.fingerprint,
@@ -233,8 +289,9 @@ class Engine:
         main = self.create_session("main")
         t, t0 = time.perf_counter(), t
         self.build_s["compile_capture"] = t - t0  # the main session: compile, warm-up, capture
-        if on_cuda:  # build the checksum kernel now, not during the first checkpoint request
-            device_checksum(main.arena.buf)
+        # build the checksum kernel and capture main's checkpoint probe now, not during the first
+        # checkpoint request
+        self._probe_of(main)
         t, t0 = time.perf_counter(), t
         self.build_s["checksum_kernel"] = t - t0
         self.store.reload(self.load_capsule, room=self.pool.free_slots)
@@ -298,7 +355,7 @@ class Engine:
             self.device,
             self.seed,
             self.use_graph,
-            self.fuse,
+            self._fuse_step,
             ticks,
             self.encodings,
         )
@@ -538,20 +595,24 @@ class Engine:
         pin: bool = False,
         persist: bool = False,
     ) -> CapsuleInfo:
-        """Freeze the session's state with one device copy into the pool. A poisoned session, or
-        a state holding NaN/Inf in a floating-point region, is refused: every capsule in the pool
-        is finite by construction (files are checked on load), so a restore can never bring a
-        non-finite state back unless the stored bytes changed, which verify catches."""
+        """Freeze the session's state with one device copy into the pool, after one pass over it
+        (the session's CheckpointProbe: NaN/Inf flags and checksum) and one wait; the pool
+        copies the probe's digest for the slot, so nothing is computed or read back twice.
+        A poisoned session, or a state holding NaN/Inf in a floating-point region, is refused:
+        every capsule in the pool is finite by construction (files are checked on load), so a
+        restore can never bring a non-finite state back unless the stored bytes changed, which
+        verify catches."""
         s = self.session(session)
         if name is not None and not isinstance(name, str):
             raise BadName(f"capsule name must be a string or None, got {name!r}")
         pin, persist = _bool(pin, "pin"), _bool(persist, "persist")
-        if self._poison.get(s.name):
+        why = self._poison.get(s.name)
+        if why:
             raise BadRequest(
-                f"session {s.name!r} is poisoned ({self._poison[s.name]}): its state is not "
+                f"session {s.name!r} is poisoned ({why}): its state is not "
                 "worth keeping; restore, branch into or reset it first"
             )
-        self._check_finite(s)
+        probe, checksum = self._probe_finite(s)
         name = name or ""
         cid, path, stamp = None, None, None
         if persist:
@@ -571,7 +632,7 @@ class Engine:
                 step=s.steps,
                 nbytes=self.state_nbytes,
                 tier="disk",
-                checksum=to_hex(device_checksum(s.arena.buf)),
+                checksum=checksum,
                 pinned=pin,
                 stamp=stamp,
             )
@@ -586,6 +647,8 @@ class Engine:
                 pinned=pin,
                 cid=cid,
                 stamp=stamp,
+                digest=probe.digest,
+                checksum=checksum,
             )
             if cid is not None:
                 self.pool.claim_id(cid)
@@ -641,32 +704,30 @@ class Engine:
         if self._poison.get(a.name):
             self._poison[b.name] = self._poison[a.name]
 
-    def _check_finite(self, s: Session) -> None:
-        """BadRequest naming the floating-point regions that hold NaN/Inf. On CUDA the check
-        (two kernels a region) is a graph captured once per session, so it costs one launch and
-        one small readback (eager, it cost ~0.5 ms of launches on an H200)."""
-        names = self._float_regions
-        if not names:
-            return
+    def _probe_of(self, s: Session) -> CheckpointProbe:
+        """The session's checkpoint probe, captured on its first use (a session dropped and
+        created again under the same name gets a new one)."""
         probe = self._probes.get(s.name)
-        if probe is None or probe[0] is not s:
-            out = torch.ones(len(names), dtype=torch.bool, device=self.device)
-            views = [s.views[n] for n in names]
+        if probe is None or probe.session is not s:
+            probe = self._probes[s.name] = CheckpointProbe(s, self._float_regions, self.use_graph)
+        return probe
 
-            def check() -> None:
-                torch.stack([torch.isfinite(v).all() for v in views], out=out)
-
-            plan = StepPlan(check, self.device, self.use_graph)
-            plan.capture([])
-            probe = self._probes[s.name] = (s, plan, out)
-        probe[1].replay()
-        ok = probe[2].cpu().tolist()
-        bad = [n for n, good in zip(names, ok, strict=True) if not good]
-        if bad:
+    def _probe_finite(self, s: Session) -> tuple[CheckpointProbe, str]:
+        """The probe (its `digest` is the arena's on the device) and the arena's hex checksum,
+        after one pass and one wait; BadRequest naming the floating-point regions that hold
+        NaN/Inf, having changed nothing."""
+        probe = self._probe_of(s)
+        probe.issue()
+        if self._stream is not None:
+            self._wait()
+        vals = probe.host.tolist()
+        if not all(vals[2:]):
+            bad = [n for n, good in zip(probe.regions, vals[2:], strict=True) if not good]
             raise BadRequest(
                 f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
                 "checkpoint it (restore, branch into or reset the session)"
             )
+        return probe, hex_of(vals[:2])
 
     def _report_evictions(self) -> None:
         """Log the capsules the pool evicted to make room (LRU), once each."""

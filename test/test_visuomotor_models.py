@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from flashrt_ros import load_policy
 from flashrt_ros.policies.act import ACT_WEIGHTS, make_act
 from flashrt_ros.policies.diffusion import make_diffusion
 from flashrt_ros.policies.visuomotor_common import count_parameters
@@ -128,6 +129,23 @@ def test_denoiser_convolution_as_a_product_equals_conv1d(k, stride, pad):
         torch.testing.assert_close(conv(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "k,stride,pad,length", [(4, 2, 1, 4), (4, 2, 1, 8), (3, 1, 1, 5), (2, 2, 0, 3)]
+)
+def test_denoiser_upsampling_as_a_product_equals_conv_transpose(k, stride, pad, length):
+    """The UNet's upsampling runs as a product and an overlap-add (diffusion._ConvTranspose1d);
+    it must stay the transposed convolution a LeRobot checkpoint expects."""
+    from flashrt_ros.policies.diffusion import _ConvTranspose1d
+
+    torch.manual_seed(k + length)
+    up = _ConvTranspose1d(8, 6, k, stride, pad)
+    plain = torch.nn.ConvTranspose1d(8, 6, k, stride, pad)
+    plain.load_state_dict(up.state_dict())
+    x = torch.randn(2, 8, length)
+    with torch.no_grad():
+        torch.testing.assert_close(up(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 def test_lerobot_sizes():
     act = make_act("lerobot", image_hw=(96, 128))  # LeRobot's shapes but small images, for speed
     c = act.config
@@ -238,3 +256,19 @@ def test_chunk_functions_export_as_static_graphs():
     assert torch.allclose(want, got, atol=1e-5)
     args = (torch.randn(1, 2, 12), torch.rand(1, 2, 3, 64, 64), torch.randn(1, 16, 6))
     torch.export.export(_Flat(make_diffusion(num_inference_steps=2)), args, strict=False)
+
+
+def test_diffusion_compiles_its_unet_alone_keeping_its_names():
+    """Fusing builtin:diffusion compiles the UNet (called K times a tick) in place, not the whole
+    step: a LeRobot checkpoint's state_dict names must still load, and it is done once."""
+    policy = load_policy("builtin:diffusion", image_hw=(32, 32), num_inference_steps=2)
+    keys = list(policy.module.state_dict())
+    assert policy.fuse_parts == ("unet",)
+    assert policy.compile_parts()
+    compiled = policy.module.unet._compiled_call_impl
+    assert compiled is not None
+    assert policy.compile_parts() and policy.module.unet._compiled_call_impl is compiled
+    assert list(policy.module.state_dict()) == keys
+    act = load_policy("builtin:act", image_hw=(32, 32))
+    assert not act.compile_parts() and act.module.backbone._compiled_call_impl is None
+    assert not load_policy("builtin:hybrid").compile_parts()

@@ -90,6 +90,12 @@ class Policy(torch.nn.Module):
     # differ from its eager one.
     fuse_default: bool = True
 
+    def compile_parts(self) -> bool:
+        """Compile, in place, the parts of the policy worth compiling on their own; True when
+        there are such parts, and the Engine then captures the step around them instead of
+        compiling the whole step (for steps whose unrolled loops inductor takes minutes on)."""
+        return False
+
     def input_spec(self) -> list[InputSpec]:
         """The observation inputs; the default is one vector of obs_dim floats, so a policy
         written before dict observations keeps taking `engine.step(vector)`."""

@@ -126,6 +126,7 @@ class ChunkedPolicy(Policy):
         self.coeff = None if coeff is None else float(coeff)
         # a module that must not be compiled says so (policies/base.py Policy.fuse_default)
         self.fuse_default = bool(getattr(module, "fuse_default", True))
+        self.fuse_parts = tuple(getattr(module, "fuse_parts", ()))  # see compile_parts
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params
@@ -150,6 +151,16 @@ class ChunkedPolicy(Policy):
             self.check_pure()
 
     # -- protocol ---------------------------------------------------------------------------------
+    def compile_parts(self) -> bool:
+        """The module's `fuse_parts` (submodule names, e.g. a denoiser called K times a tick)
+        compiled in place with nn.Module.compile, which keeps their state_dict names; once per
+        module, and it stays compiled."""
+        for name in self.fuse_parts:
+            part = self.module.get_submodule(name)
+            if getattr(part, "_compiled_call_impl", None) is None:
+                part.compile(dynamic=False)
+        return bool(self.fuse_parts)
+
     def input_spec(self) -> list[InputSpec]:
         return list(self._inputs)
 

@@ -37,3 +37,64 @@ def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     # (a tick that overran on a loaded machine skips the deadlines it missed, never drifts)
     gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) >= 10 and all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
+
+
+def _run_loop(rate_hz: float, tick, seconds: float) -> list[tuple]:
+    """Run a TimerLoop with an idle hook for `seconds`; its events in order: ("tick", deadline),
+    ("timing", missed), ("idle", deadline, thread name), ("error", e)."""
+    import threading
+
+    events: list[tuple] = []
+
+    def on_tick(deadline: float) -> None:
+        events.append(("tick", deadline))
+        tick(deadline)
+
+    def idle(deadline: float) -> None:
+        events.append(("idle", deadline, threading.current_thread().name))
+
+    loop = TimerLoop(
+        rate_hz,
+        on_tick,
+        on_timing=lambda jitter, missed: events.append(("timing", missed)),
+        on_error=lambda e: events.append(("error", e)),
+        idle=idle,
+    )
+    loop.start()
+    time.sleep(seconds)
+    loop.stop()
+    return events
+
+
+def test_idle_hook_runs_on_the_control_thread_with_the_next_deadline():
+    """A cheap tick leaves the whole period: the hook is called after ticks, on the control
+    thread, with the deadline of the tick that comes next."""
+    events = _run_loop(200.0, lambda d: None, 0.3)
+    assert not [e for e in events if e[0] == "error"]
+    idles = [i for i, e in enumerate(events) if e[0] == "idle"]
+    assert len(idles) >= 5, events  # most ticks leave room (a loaded machine may take some)
+    for i in idles:
+        _, deadline, thread = events[i]
+        assert thread == "flashrt-control"
+        assert events[i - 1][0] == "timing" and events[i - 2][0] == "tick"
+        later = [e[1] for e in events[i:] if e[0] == "tick"]
+        if later:  # the next tick is the one that was due at that deadline
+            assert later[0] == deadline
+
+
+def test_idle_hook_is_not_called_without_time_to_spare():
+    """A tick that ends within the final spin of the next deadline leaves no room: the hook is
+    called only after a tick that overran (its lost deadlines skipped, the next one is far)."""
+    period = 1.0 / 200.0
+
+    def busy(deadline: float) -> None:
+        end = deadline + period - 0.00005  # 50 us before the next deadline (SPIN_S is 200 us)
+        while time.monotonic() < end:
+            pass
+
+    events = _run_loop(200.0, busy, 0.3)
+    assert not [e for e in events if e[0] == "error"]
+    assert sum(e[0] == "tick" for e in events) >= 10
+    for i, e in enumerate(events):
+        if e[0] == "idle":
+            assert events[i - 1][0] == "timing" and events[i - 1][1] > 0, events[i - 3 : i + 1]

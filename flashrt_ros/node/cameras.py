@@ -9,7 +9,7 @@ message in another encoding would need another graph, so it is refused like a wr
 
 The subscriptions take the serialized message (`raw=True`) and decode it with the rosbags
 typestore that replay uses: rclpy's own conversion builds the Python message field by field,
-about 0.74 ms for a 640x480 rgb8 image on the 2-core CPU machine, on the executor thread and
+about 0.74 ms for a 640x480 rgb8 image on the 2-core CPU machine, on the thread that takes it and
 under the GIL, while the decoded one is a numpy view over the received bytes (51 us). A valid
 image is kept as that view, no copy; `Engine.step` then copies it once into the pinned staging
 buffer that the captured graph uploads (runtime/inputs.py InputBuffers.stage). Rows padded past
@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -81,12 +82,13 @@ def warm_decoder() -> None:
 class Cameras:
     """The node's camera subscriptions (see the module docstring).
 
-    `polled`: the subscriptions go to a callback group the executor never runs, and the control
-    thread calls `take()` at the top of each tick (timer mode, as joint_states: polled.py says
-    why). Otherwise the executor calls `on_image` (observation mode); there every message handled
-    is acknowledged on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted
-    per camera, in `cameras` order), so a lockstep replay knows the node holds an image before it
-    sends the joint_states that steps on it."""
+    The subscriptions go to `callback_group`, a polled.PolledGroup the executor never runs.
+    `polled`: the control thread calls `take()` at the top of each tick (timer mode, as
+    joint_states: polled.py says why). Otherwise the inputs' loop (inputs.py) takes them and
+    calls `on_image` (observation mode, `inputs()`); there every message handled is acknowledged
+    on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted per camera, in
+    `cameras` order), so a lockstep replay knows the node holds an image before it sends the
+    joint_states that steps on it."""
 
     def __init__(
         self,
@@ -173,6 +175,10 @@ class Cameras:
     def _publish_seen(self) -> None:
         self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
         self._seen_pub.publish(self._seen)
+
+    def inputs(self) -> list[tuple[object, Callable[[object, float], bool]]]:
+        """(subscription, handler(message, age)) of each camera, for the inputs' loop."""
+        return [(c.sub, partial(self.on_image, c)) for c in self.cams]
 
     def take(self) -> None:
         """Polled mode: handle every queued message of every camera (newest valid one wins)."""

@@ -1,12 +1,15 @@
 """The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
 
-Threads: rclpy's executor runs the goal subscription and, in observation mode, joint_states and
-the images (one mutually exclusive group, so they are handled in arrival order). The services
-run on a node, a loop and a thread of their own (host.py, main.py). The timer trigger
-runs its own thread, which takes joint_states itself at the top of each tick (polled.py says
-why). A rollout steps on a thread of its own (services.py). Every Engine call holds the engine
-lock (loop.EngineLock), so a service request always lands between two steps; the control tick
-goes first, and a rollout steps only where no tick is due.
+Threads: rclpy's executor runs only the lifecycle and parameter services and the 1 Hz
+diagnostics timer (diagnostics.py). The subscriptions are never its (polled.py): from configure
+to cleanup (main.py: after the autostart transitions) the inputs' loop (inputs.py, thread
+`flashrt-inputs`) takes the goal and, in observation mode, the images and joint_states (each
+joint_states a step, on that thread); the timer trigger runs its own thread (`flashrt-control`,
+loop.py), which takes joint_states and the images itself at the top of each tick and publishes
+/diagnostics in its slack. The services run on a node, a loop and a thread of their own (host.py,
+main.py). A rollout steps on a thread of its own (services.py). Every Engine call holds the
+engine lock (loop.EngineLock), so a service request always lands between two steps; the control
+tick goes first, and a rollout steps only where no tick is due.
 
 Safety: nothing non-finite is ever published. A step that produces a NaN/Inf action (or fails on
 the device) is a fault: nothing is published, it is counted and logged, /diagnostics goes ERROR,
@@ -23,7 +26,7 @@ import time
 import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, qos_profile_sensor_data
 from sensor_msgs.msg import JointState
@@ -34,8 +37,10 @@ from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
 from flashrt_ros.node.cameras import Cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
+from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
+from flashrt_ros.node.inputs import InputLoop
 from flashrt_ros.node.loop import SPIN_S, TimerLoop
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
@@ -61,10 +66,11 @@ class FlashrtNode(LifecycleNode):
         self._latest_obs: np.ndarray | None = None
         self._latest_t = 0.0
         self._loop: TimerLoop | None = None
+        self._inputs: InputLoop | None = None  # from configure to cleanup (inputs.py)
+        self.defer_inputs = False  # configure leaves the start to start_inputs() (main.py)
         self._pub_cmd = self._pub_traj = None
-        self._cb_inputs = MutuallyExclusiveCallbackGroup()
         self._cb_services = ReentrantCallbackGroup()
-        self._polled = PolledGroup()
+        self._polled = PolledGroup()  # every subscription: none is the executor's (polled.py)
         self._js_sub = None
         self._subs = []
         self._cams: Cameras | None = None  # camera/<name>/image_raw (cameras.py)
@@ -76,10 +82,10 @@ class FlashrtNode(LifecycleNode):
         self.service_host = ServiceHost(self)
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
-        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.diagnostics = Diagnostics(self, self.diagnostic_array, self.control.lock)
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
-        self.create_timer(1.0, self._publish_diagnostics, callback_group=self._cb_services)
+        self.create_timer(1.0, self.diagnostics.on_timer, callback_group=self._cb_services)
 
     @property
     def engine(self) -> Engine | None:
@@ -143,30 +149,38 @@ class FlashrtNode(LifecycleNode):
                 JointTrajectory, "joint_trajectory", 10
             )
         self._state_key, self._cams = state_key, None
-        if cameras:  # subscribed before joint_states: the executor serves them first when both wait
+        timer = cfg.trigger == "timer"
+        if cameras:
             self._cams = Cameras(
                 self,
                 cameras,
                 engine.observation_spec(),
                 self._refuse,
-                self._polled if cfg.trigger == "timer" else self._cb_inputs,
-                polled=cfg.trigger == "timer",
-                qos=qos_profile_sensor_data if cfg.trigger == "timer" else 10,
+                self._polled,
+                polled=timer,
+                qos=qos_profile_sensor_data if timer else 10,
             )
         self._subs = [
             self.create_subscription(
-                Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._cb_inputs
+                Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._polled
             ),
             self.create_subscription(
                 JointState,
                 "joint_states",
                 self._on_joint_states,
-                qos_profile_sensor_data if cfg.trigger == "timer" else 100,
-                # timer mode: the control thread takes joint_states itself (polled.py says why)
-                callback_group=self._polled if cfg.trigger == "timer" else self._cb_inputs,
+                qos_profile_sensor_data if timer else 100,
+                callback_group=self._polled,
             ),
         ]
         self._js_sub = self._subs[1]
+        # timer mode: the control thread takes joint_states and the images itself
+        drained = [(self._subs[0], self._on_goal)]
+        if not timer and self._cams is not None:
+            drained += self._cams.inputs()
+        stepping = None if timer else (self._js_sub, self._on_joint_states)
+        self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping)
+        if not self.defer_inputs:
+            self._inputs.start()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
@@ -205,14 +219,15 @@ class FlashrtNode(LifecycleNode):
         return vectors[0] if images else ""
 
     def on_activate(self, state) -> TransitionCallbackReturn:
-        with self._obs_lock:
-            self._latest_obs = None  # never act on an observation from before activation
-        if self._cams is not None:
-            self._cams.clear()  # nor on an image from before it
-        if self.cfg.trigger == "timer" and self._js_sub is not None:
-            while take(self._js_sub) is not None:  # nor on one queued while inactive
-                pass
-        self.active = True
+        with self._inputs.lock:  # between two messages of the inputs' loop
+            with self._obs_lock:
+                self._latest_obs = None  # never act on an observation from before activation
+            if self._cams is not None:
+                self._cams.clear()  # nor on an image from before it
+            if self.cfg.trigger == "timer" and self._js_sub is not None:
+                while take(self._js_sub) is not None:  # nor on one queued while inactive
+                    pass
+            self.active = True
         if self.cfg.trigger == "timer":
             self._loop = TimerLoop(
                 self.cfg.rate_hz,
@@ -220,7 +235,9 @@ class FlashrtNode(LifecycleNode):
                 self._on_timing,
                 self._on_tick_error,
                 lock=self.control.lock,
+                idle=self.diagnostics.idle,  # /diagnostics in the control thread's slack
             )
+            self.diagnostics.by_loop = True
             self._loop.start()
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
@@ -228,9 +245,7 @@ class FlashrtNode(LifecycleNode):
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         with self.control.lock:  # a step in flight finishes first; none starts after this
             self.active = False
-        if self._loop is not None:
-            self._loop.stop()
-            self._loop = None
+        self._stop_loop()
         self.flight.on_deactivate()
         self.get_logger().info("inactive: no more commands, the robot holds")
         return super().on_deactivate(state)
@@ -242,12 +257,32 @@ class FlashrtNode(LifecycleNode):
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
-        if self._loop is not None:
-            self._loop.stop()
+        self._stop_loop()
         self._release()
         return super().on_shutdown(state)
 
+    def _stop_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+        self.diagnostics.by_loop = False  # the executor's timer publishes them again
+
+    def start_inputs(self) -> None:
+        """Start the inputs' loop of a configured node, if it does not run yet."""
+        if self._inputs is not None and not self._inputs.running:
+            self._inputs.start()
+
+    def stop_threads(self) -> None:
+        """The control loop and the inputs' loop end (main.py, at exit): nothing steps after."""
+        self._stop_loop()
+        if self._inputs is not None:
+            self._inputs.close()
+            self._inputs = None
+
     def _release(self) -> None:
+        if self._inputs is not None:  # it ends before the subscriptions it waits on go
+            self._inputs.close()
+            self._inputs = None
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None
@@ -292,7 +327,7 @@ class FlashrtNode(LifecycleNode):
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
 
-    def _on_goal(self, msg: Float64MultiArray) -> None:
+    def _on_goal(self, msg: Float64MultiArray, age: float = 0.0) -> None:
         with self.engine_lock:
             if self.engine is None:
                 return
@@ -376,7 +411,7 @@ class FlashrtNode(LifecycleNode):
             ctl.fault(f"step of {live!r}: non-finite output, not published", step_error=True)
             return  # the engine raises first; this check makes sure of it at the publisher
         dt = time.monotonic() - t0
-        if publish_at is not None:  # sleep (the GIL free for the executor), spin the last bit
+        if publish_at is not None:  # sleep (the GIL free for other threads), spin the last bit
             early = publish_at - SPIN_S - time.monotonic()
             if early > 0:
                 time.sleep(early)
@@ -414,7 +449,8 @@ class FlashrtNode(LifecycleNode):
             self.stats.overruns += missed
 
     # -- diagnostics -------------------------------------------------------------------------------
-    def _publish_diagnostics(self) -> None:
+    def diagnostic_array(self) -> DiagnosticArray:
+        """This node's /diagnostics message now (published by diagnostics.Diagnostics)."""
         sn = self.stats.snapshot(time.monotonic())  # percentiles computed off the stats lock
         rate = sn["rate_hz"]
         kv = {
@@ -485,4 +521,4 @@ class FlashrtNode(LifecycleNode):
         )
         arr = DiagnosticArray(status=[status])
         arr.header.stamp = self.get_clock().now().to_msg()
-        self._diag_pub.publish(arr)
+        return arr

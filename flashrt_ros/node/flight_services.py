@@ -14,7 +14,7 @@ thread of their own. An automatic dump (a step error, a deactivate) only records
 wanted: the session's ring is frozen then (a poisoned session does not step; at a deactivate the
 loop has stopped), so the flight thread takes the copy itself, one tick at a time under the
 engine lock, after checking that the session's line of steps has not moved meanwhile (else the
-dump is skipped, and the log says why). Neither the control loop nor the executor
+dump is skipped, and the log says why). Neither the control loop nor the inputs' loop
 (joint_states in observation mode) waits for a copy of the whole ring or for the disk.
 
 A dump goes to a hidden folder that is renamed into place when complete,

@@ -4,7 +4,8 @@
 and namespace), under the names they always had (`/<ns>/flashrt/<service>`). It has no
 parameter services and no /rosout publisher: it only serves, and it is not spun by an rclpy
 executor but by `serve()`, a loop over a wait set built once for its services and guard
-conditions: wait, take each request, call its handler, send the reply.
+conditions (waitloop.WaitLoop, which the inputs' loop shares): wait, take each request, call
+its handler, send the reply.
 
 Why not rclpy's SingleThreadedExecutor: it rebuilds its wait set in Python over every entity
 at each wake-up, wraps each callback in a Task, and wakes itself twice more after each callback
@@ -25,20 +26,19 @@ rclpy's executor) and is logged; the loop goes on serving.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
 
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
-WAKE_NS = 1_000_000_000  # with nothing to serve the loop looks at the context once a second
+from flashrt_ros.node.waitloop import WaitLoop
 
 
-class ServiceHost:
+class ServiceHost(WaitLoop):
     """Names are resolved by the flashrt node (`~/checkpoint` -> `/<ns>/flashrt/checkpoint`,
     its remappings applied), so clients see the same names as before."""
+
+    thread_name = "flashrt-services"
 
     def __init__(self, owner) -> None:
         self.owner = owner
@@ -52,14 +52,11 @@ class ServiceHost:
             # called flashrt): the name and namespace are given here, names resolved by owner
             use_global_arguments=False,
         )
+        super().__init__(owner.context, owner.get_logger())
         self.group = ReentrantCallbackGroup()
-        self.log = owner.get_logger()
         self._services: list = []
         self._guards: list = []
-        self._stop = threading.Event()
-        self._stop_guard = self.node.create_guard_condition(lambda: None)
         self._parked: list = []  # (coroutine, service, header) awaiting a future
-        self._thread: threading.Thread | None = None
 
     def _not_serving(self, what: str) -> None:
         if self._thread is not None:  # the loop's wait set is built once, when it starts
@@ -86,66 +83,31 @@ class ServiceHost:
         return gc
 
     # -- the loop --------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Serve on a thread of its own (`flashrt-services`) until stop()."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.serve, name="flashrt-services", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        with contextlib.suppress(Exception):  # already destroyed: the loop has ended anyway
-            self._stop_guard.trigger()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
-            if self._thread.is_alive():  # a handler still runs (e.g. waits for the engine lock)
-                self.log.warning(f"service loop still busy after {timeout} s; it ends after it")
-            else:
-                self._thread = None
-
     def serve(self) -> None:
-        """The loop; returns once stop() is called or the context is shut down."""
-        ctx = self.node.context
-        try:
-            self._serve(ctx)
-        except Exception as e:  # the context went away under the wait: ending anyway
-            if ctx.ok() and not self._stop.is_set():
-                self.log.error(f"service loop stopped: {type(e).__name__}: {e}")
+        """The loop on the calling thread; returns once stop() is called or rcl shuts down."""
+        self.run()
 
-    def _serve(self, ctx) -> None:
-        services = list(self._services)
-        guards = [*self._guards, self._stop_guard]
-        ws = _rclpy.WaitSet(0, len(guards), 0, 0, len(services), 0, ctx.handle)
-        with contextlib.ExitStack() as held:  # nothing waited on is destroyed under the wait
-            for entity in (*services, *guards):
-                held.enter_context(entity.handle)
-            held.enter_context(ctx.handle)
-            while not self._stop.is_set() and ctx.ok():
-                ws.clear_entities()
-                for srv in services:
-                    ws.add_service(srv.handle)
-                for gc in guards:
-                    ws.add_guard_condition(gc.handle)
-                ws.wait(WAKE_NS)
-                if self._stop.is_set() or not ctx.ok():
-                    return
-                ready = ws.get_ready_entities("guard_condition")
-                if ready:
-                    for gc in self._guards:
-                        if gc.handle.pointer in ready and gc.callback is not None:
-                            try:
-                                gc.callback()
-                            except Exception as e:  # one bad wake-up never ends the serving
-                                self.log.error(f"guard callback raised {type(e).__name__}: {e}")
-                if self._parked:
-                    parked, self._parked = self._parked, []
-                    for coro, srv, header in parked:
-                        self._run(coro, srv, header)
-                ready = ws.get_ready_entities("service")
-                if ready:
-                    for srv in services:
-                        if srv.handle.pointer in ready:
-                            self._serve_one(srv)
+    def _entities(self) -> tuple[list, list, list]:
+        return [], list(self._guards), list(self._services)
+
+    def _on_ready(self, ws) -> None:
+        ready = ws.get_ready_entities("guard_condition")
+        if ready:
+            for gc in self._guards:
+                if gc.handle.pointer in ready and gc.callback is not None:
+                    try:
+                        gc.callback()
+                    except Exception as e:  # one bad wake-up never ends the serving
+                        self.log.error(f"guard callback raised {type(e).__name__}: {e}")
+        if self._parked:
+            parked, self._parked = self._parked, []
+            for coro, srv, header in parked:
+                self._run(coro, srv, header)
+        ready = ws.get_ready_entities("service")
+        if ready:
+            for srv in self._services:
+                if srv.handle.pointer in ready:
+                    self._serve_one(srv)
 
     def _serve_one(self, srv) -> None:
         """Every request queued for `srv`, each answered (or parked) in turn."""
@@ -188,7 +150,7 @@ class ServiceHost:
         self.log.error(f"{srv.srv_name}: handler raised {type(e).__name__}: {e}; no reply")
 
     def destroy(self) -> None:
-        self.stop()
+        self.close()
         if self._thread is None:  # the loop has ended: its parked handlers are ours to close
             for coro, _, _ in self._parked:
                 coro.close()

@@ -70,6 +70,10 @@ class EngineLock:
         self._lock.release()
         self._bump()
 
+    def locked(self) -> bool:
+        """Whether someone holds the lock now (a step, a request, a rollout step)."""
+        return self._lock.locked()
+
     def _bump(self) -> None:
         with self._cond:
             self._gen += 1
@@ -126,7 +130,13 @@ class EngineLock:
 
 class TimerLoop:
     """Calls `tick()` at `rate_hz`. Deadlines are absolute (start + k * period), so a late tick
-    does not shift later ones; ticks missed entirely are counted as overruns and skipped."""
+    does not shift later ones; ticks missed entirely are counted as overruns and skipped.
+
+    `idle(deadline)`, when given, is called after a tick that left time before the next
+    deadline (more than the final spin): periodic side work (/diagnostics) done by this thread
+    in its slack, rather than by another thread that may hold the GIL when a tick is due. It
+    decides itself whether the room left is enough for it; an exception goes to `on_error`.
+    """
 
     def __init__(
         self,
@@ -135,12 +145,14 @@ class TimerLoop:
         on_timing: Callable,
         on_error: Callable,
         lock: EngineLock | None = None,
+        idle: Callable[[float], None] | None = None,
     ):
         self.period = 1.0 / rate_hz
         self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
         self.on_timing = on_timing  # (jitter_s, overruns) after each tick
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
+        self.idle = idle  # idle(next deadline) after a tick with time to spare
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -190,3 +202,8 @@ class TimerLoop:
             if lock is not None:
                 lock.schedule(deadline, self.period, tick_s)
             self.on_timing(jitter, missed)
+            if self.idle is not None and deadline - time.monotonic() > SPIN_S:
+                try:
+                    self.idle(deadline)
+                except Exception as e:
+                    self.on_error(e)

@@ -135,19 +135,25 @@ def main(args: Sequence[str] | None = None) -> int:
                 log.fatal(line)
             log.fatal("bad parameters (see above); exiting with status 2")
             return 2
-        # One executor thread: joint_states, goal and service callbacks run in arrival order,
-        # each a commit boundary (Python's MultiThreadedExecutor measured 25x slower round trips).
+        # One executor thread for what is left on it: the lifecycle and parameter services and
+        # the diagnostics timer (the inputs and the services have loops of their own; Python's
+        # MultiThreadedExecutor measured 25x slower round trips).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         if node.get_parameter("autostart").value:
+            node.defer_inputs = True
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
                 return 2
             node.trigger_activate()
-        # The services' node, served by a loop and a thread of their own (host.py says why),
-        # started only now: a client that got an answer knows the autostart transitions are
-        # done (the node steps on what it is sent next), as when the services shared the
-        # executor.
+        # The inputs' loop (inputs.py) and the services' node, served by a loop and a thread of
+        # their own (host.py says why), started only now: an observation that came during the
+        # autostart transitions waits for the node to be active (it is stepped, not dropped as
+        # one to an inactive node), and a client that got an answer knows the transitions are
+        # done (the node steps on what it is sent next), as when all of it shared the executor,
+        # which was not spinning yet.
+        node.defer_inputs = False
+        node.start_inputs()
         services = node.service_host
         services.start()
         executor.spin()
@@ -155,8 +161,8 @@ def main(args: Sequence[str] | None = None) -> int:
         pass
     finally:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
-        if node is not None and node.active and node._loop is not None:
-            node._loop.stop()
+        if node is not None:
+            node.stop_threads()
         if services is not None:
             services.stop(timeout=1.0)
         if executor is not None:

@@ -1,11 +1,14 @@
-"""Subscriptions the control thread reads itself, outside rclpy's executor.
+"""Subscriptions read outside rclpy's executor: every subscription of the flashrt node.
 
-In timer mode joint_states is read at the top of each tick by the control thread. Handing it
-to the executor instead costs the executor thread several hundred microseconds of Python per
-message (rebuilding its wait set over every service, timer and subscription of the node), and
-whenever the control thread wakes while that runs, it waits for the GIL: measured as up to
-0.6 ms of period jitter at 500 Hz on the H200 machine. A message taken at the tick is at most
-one period old, which is what `obs_timeout_s` is checked against.
+Handing a message to the executor costs its thread several hundred microseconds of Python
+(rebuilding its wait set over every service, timer and subscription of the node), all under
+the GIL. So the executor never sees the node's subscriptions (they are in a `PolledGroup`) and
+their messages are taken with `take`: in timer mode joint_states and the images by the control
+thread at the top of each tick (with them on the executor, whenever the control thread woke
+while it ran it waited for the GIL: measured as up to 0.6 ms of period jitter at 500 Hz on the
+H200 machine; a message taken at the tick is at most one period old, which is what
+`obs_timeout_s` is checked against), and everything else (the goal; in observation mode also
+joint_states and the images) by the inputs' loop (inputs.py), which waits on them itself.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from rclpy.callback_groups import CallbackGroup
 
 class PolledGroup(CallbackGroup):
     """A callback group the executor never runs: rclpy leaves its entities out of the wait
-    set, so their messages stay queued for `take`."""
+    set, so their messages stay queued for `take` (their callbacks are never called)."""
 
     def can_execute(self, entity) -> bool:
         return False

@@ -26,7 +26,8 @@ class Ring:
 def percentiles(v: np.ndarray, qs: tuple[float, ...]) -> list[float]:
     """np.percentile(v, qs) (linear interpolation, the same numbers) with one np.partition:
     np.percentile costs ~60 us of Python per call on 2048 values, and /diagnostics reads six of
-    them once a second on the executor thread, while the control thread waits for the GIL."""
+    them once a second (diagnostics.py: in the control thread's slack while it runs), under
+    the GIL."""
     n = len(v)
     if n == 0:
         return [0.0] * len(qs)

@@ -1,0 +1,73 @@
+"""When /diagnostics is published, and by which thread.
+
+Building and publishing the node's DiagnosticArray costs tens of microseconds of Python (more
+on a slow machine), all under the GIL. Published by a 1 Hz timer of rclpy's executor, it ran
+whenever that timer fired, also just before a control tick, which then waited for the GIL: at
+1 kHz on the H200 machine ~1 overrun a second (69 in 60 s), and on the 2-core CPU half of the
+1 Hz publishes came within 3 ms before an overrun. So while the timer loop runs, the control
+thread publishes them itself, right after a tick, when the next deadline is further away than
+the publish takes (the median cost of the last few, plus a margin); if no such slack comes for
+FORCE_S, it publishes anyway, so diagnostics never stop. In every other state (inactive,
+observation trigger, unconfigured) the executor's timer publishes them, as before; it also
+steps in if the control thread has not published for FORCE_S + a second (a tick stuck on
+something), so they never stop either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from diagnostic_msgs.msg import DiagnosticArray
+
+from flashrt_ros.node.loop import SPIN_S, EngineLock
+
+
+class Diagnostics:
+    """Paces the publishes of `build()` (the node's DiagnosticArray) on /diagnostics."""
+
+    EVERY_S = 1.0  # one publish a second
+    FORCE_S = 3.0  # the control thread publishes without slack after this long
+    MARGIN_S = SPIN_S + 0.0001  # besides the publish's cost: the loop's spin before a deadline
+
+    def __init__(self, node, build: Callable[[], DiagnosticArray], lock: EngineLock) -> None:
+        self.pub = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.build = build
+        self.lock = lock  # the engine lock, which build() takes too
+        self.log = node.get_logger()
+        self.last = -1e9  # monotonic time of the last publish (by either thread)
+        # seconds a publish takes: the median of the last few, so that one publish stretched by
+        # preemption on a loaded machine does not keep the next ones from finding room
+        self.costs = deque([0.0003], maxlen=5)
+        self.cost = 0.0003
+        self.by_loop = False  # the control thread publishes (set while the timer loop runs)
+
+    def publish(self) -> None:
+        t0 = time.monotonic()
+        self.last = t0
+        self.pub.publish(self.build())
+        self.costs.append(time.monotonic() - t0)
+        self.cost = sorted(self.costs)[len(self.costs) // 2]
+
+    def on_timer(self) -> None:
+        """The executor's 1 Hz timer: publishes unless the control thread does."""
+        if self.by_loop and time.monotonic() - self.last < self.FORCE_S + self.EVERY_S:
+            return
+        self.publish()
+
+    def idle(self, deadline: float) -> None:
+        """TimerLoop's idle hook (control thread, after a tick, `deadline` the next tick's):
+        publish when due and the slack before `deadline` holds the publish."""
+        now = time.monotonic()
+        since = now - self.last
+        if since < self.EVERY_S:
+            return
+        if since < self.FORCE_S and (
+            deadline - now < self.cost + self.MARGIN_S or self.lock.locked()
+        ):  # no room before the next tick, or a rollout step holds the lock: a later tick
+            return
+        try:
+            self.publish()
+        except Exception as e:  # a diagnostics failure is no control fault: log it, go on
+            self.log.error(f"diagnostics publish failed: {type(e).__name__}: {e}")

@@ -1,0 +1,103 @@
+"""A thread that waits on an rcl wait set built once, outside rclpy's executor.
+
+rclpy's SingleThreadedExecutor rebuilds its wait set in Python over every entity of its nodes at
+each wake-up, wraps each callback in a Task and wakes itself again after it, all under the GIL
+that the control thread needs at each tick (host.py has the numbers). `WaitLoop` is the loop
+both the services (host.ServiceHost) and the inputs (inputs.InputLoop) use instead: the
+entities are fixed when the thread starts, their handles are held for as long as it waits (so
+none is destroyed under the wait: rcl defers it), and a stop guard condition of its own wakes
+it at once. A subclass says what to wait on (`_entities`) and what to do with what is ready
+(`_on_ready`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from rclpy.guard_condition import GuardCondition
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+
+WAKE_NS = 1_000_000_000  # with nothing ready the loop looks at the context once a second
+
+
+class WaitLoop:
+    """Start, stop and the wait itself; subclasses give the entities and the handling."""
+
+    thread_name = "flashrt-wait"
+
+    def __init__(self, context, log) -> None:
+        self.context = context
+        self.log = log
+        self._stop = threading.Event()
+        # on no node: an executor never sees it (a node's guard conditions would wake it)
+        self._stop_guard = GuardCondition(None, None, context=context)
+        self._thread: threading.Thread | None = None
+
+    def _entities(self) -> tuple[list, list, list]:
+        """(subscriptions, guard conditions, services) to wait on; read once per start()."""
+        return [], [], []
+
+    def _on_ready(self, ws) -> None:
+        """Handle what the wait found ready (`ws.get_ready_entities(kind)`)."""
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Run the loop on a thread of its own (`thread_name`) until stop()."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> bool:
+        """End the loop (the stop guard wakes it); False when it is still busy after `timeout`
+        (a handler still runs): it ends after that handler, still holding what it waits on."""
+        self._stop.set()
+        with contextlib.suppress(Exception):  # already destroyed: the loop has ended anyway
+            self._stop_guard.trigger()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+            if self._thread.is_alive():
+                self.log.warning(f"{self.thread_name} still busy after {timeout} s; it ends after")
+                return False
+            self._thread = None
+        return True
+
+    def close(self) -> None:
+        """stop(), and free the stop guard (deferred by rcl while a busy loop still holds it)."""
+        self.stop()
+        self._stop_guard.destroy()
+
+    def stopping(self) -> bool:
+        return self._stop.is_set() or not self.context.ok()
+
+    def run(self) -> None:
+        """The loop; returns once stop() is called or the context is shut down."""
+        try:
+            self._wait_loop(self.context)
+        except Exception as e:  # the context went away under the wait: ending anyway
+            if not self.stopping():
+                self.log.error(f"{self.thread_name} stopped: {type(e).__name__}: {e}")
+
+    def _wait_loop(self, ctx) -> None:
+        subs, guards, services = self._entities()
+        guards = [*guards, self._stop_guard]
+        ws = _rclpy.WaitSet(len(subs), len(guards), 0, 0, len(services), 0, ctx.handle)
+        with contextlib.ExitStack() as held:  # nothing waited on is destroyed under the wait
+            for entity in (*subs, *guards, *services):
+                held.enter_context(entity.handle)
+            held.enter_context(ctx.handle)
+            while not self.stopping():
+                ws.clear_entities()
+                for sub in subs:
+                    ws.add_subscription(sub.handle)
+                for gc in guards:
+                    ws.add_guard_condition(gc.handle)
+                for srv in services:
+                    ws.add_service(srv.handle)
+                ws.wait(WAKE_NS)
+                if self.stopping():
+                    return
+                self._on_ready(ws)

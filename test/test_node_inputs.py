@@ -1,0 +1,186 @@
+"""The node's inputs off rclpy's executor (node/inputs.py) and /diagnostics from the control
+thread's slack (node/diagnostics.py), over real rclpy and DDS (loopback), on the CPU.
+
+No timings are asserted beyond counts that a loaded machine still meets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
+
+from test.engine_util import make_engine, observations
+from test.node_client import NodeClient
+
+OBS = observations(200, seed=11)
+
+
+def _transition(ros, proc, tid: int) -> bool:
+    change = ros.client(ChangeState, proc.service("change_state"))
+    return ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
+
+
+def _burst(c: NodeClient, rows: np.ndarray) -> np.ndarray:
+    """Publish every row at once (no waiting between them); the commands that answer them."""
+    n = len(c.commands)
+    for o in rows:
+        c.publish(o)
+    assert c.ros.spin_until(lambda: len(c.commands) >= n + len(rows), 20), (
+        f"{len(c.commands) - n} commands for {len(rows)} observations\n{c.proc.log_tail()}"
+    )
+    c.ros.spin_for(0.3)  # and no more than one each
+    assert len(c.commands) == n + len(rows)
+    return np.array(c.commands[n:])
+
+
+def test_a_burst_of_observations_gets_one_command_each_in_order(ros):
+    """Every joint_states of a burst is a step (none dropped, none merged), in order, and a goal
+    echoed on ~/goal_applied is applied before the next observation's step."""
+    proc = ros.start_node({"trigger": "observation"})
+    c = NodeClient(ros, proc)
+    eng = make_engine()
+    got = _burst(c, OBS[:60])
+    assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:60]]))
+    goal = [0.3, -0.2, 0.1, 0.0, -0.4, 0.2]
+    c.set_goal(goal)
+    eng.set_goal(goal)
+    got = _burst(c, OBS[60:100])
+    assert np.array_equal(got, np.array([eng.step(o) for o in OBS[60:100]]))
+    assert proc.stop() == 0  # Ctrl-C: the inputs' loop ends with the node
+
+
+def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
+    """The loop runs from configure to cleanup: a goal is applied while inactive (as before),
+    nothing steps while inactive, and after cleanup and a new configure the new subscriptions
+    are served by a new loop."""
+    proc = ros.start_node(
+        {"trigger": "observation", "autostart": False},
+        wait_services=("change_state", "list_capsules"),
+    )
+    c = NodeClient.__new__(NodeClient)  # the subscriptions exist only once configured
+    goal = [0.2] * 6
+    for round_ in range(2):
+        assert _transition(ros, proc, Transition.TRANSITION_CONFIGURE), round_
+        if round_ == 0:
+            c.__init__(ros, proc)
+        else:  # the new subscriptions are matched before anything is sent
+            assert ros.spin_until(lambda: c._js.get_subscription_count() > 0, 20)
+            assert ros.spin_until(lambda: c._goal.get_subscription_count() > 0, 20)
+            assert ros.spin_until(lambda: c._cmd_sub.get_publisher_count() > 0, 20)
+        c.set_goal(goal)  # inactive: applied (echoed) all the same
+        n = len(c.commands)
+        c.publish(OBS[0])
+        ros.spin_for(0.5)
+        assert len(c.commands) == n  # inactive: no step
+        assert _transition(ros, proc, Transition.TRANSITION_ACTIVATE), round_
+        eng = make_engine()  # configure built a new engine: the initial state, then the goal
+        eng.set_goal(goal)
+        got = _burst(c, OBS[:20])
+        assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:20]])), round_
+        assert _transition(ros, proc, Transition.TRANSITION_DEACTIVATE), round_
+        c.publish(OBS[20])
+        ros.spin_for(0.5)
+        assert len(c.commands) == n + 20
+        assert _transition(ros, proc, Transition.TRANSITION_CLEANUP), round_
+    assert proc.alive()
+    assert proc.stop() == 0
+
+
+def test_diagnostics_at_1hz_from_the_timer_loop_and_when_inactive(ros):
+    """While the timer loop runs, the control thread publishes /diagnostics once a second
+    (and the executor's timer does not as well); inactive, the executor's timer does. Both
+    publish the same keys. The goal is served by the inputs' loop in timer mode too."""
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.5})
+    c = NodeClient(ros, proc)
+    stamps: list[tuple[float, dict]] = []
+
+    def on_diag(msg) -> None:
+        for st in msg.status:
+            if st.name.startswith(f"{proc.fqn}:"):
+                t = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+                stamps.append((t, {kv.key: kv.value for kv in st.values}))
+
+    ros.node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    c.set_goal([0.1] * 6)
+
+    def window(seconds: float) -> list[tuple[float, dict]]:
+        """Stream observations for `seconds`; the diagnostics stamped within that time."""
+        t0 = time.time()
+        i = 0
+        while time.time() < t0 + seconds:
+            c.publish(OBS[i % len(OBS)])
+            i += 1
+            ros.spin_for(0.02)
+        ros.spin_for(0.5)  # the last ones arrive
+        return [s for s in stamps if t0 <= s[0] <= t0 + seconds]
+
+    ros.spin_for(1.5)  # settled: activated a while ago
+    active = window(8.0)
+    assert active and all(d["state"] == "active" for _, d in active), active
+    assert c.commands, "no commands from the timer loop"
+    # ~8: once a second from the control thread; at most 3 if only the executor's fallback
+    # (every 4 s) did
+    assert 5 <= len(active) <= 9, [t for t, _ in active]
+    gaps = np.diff([t for t, _ in active])
+    assert gaps.min() > 0.9, gaps  # one publisher, once a second
+
+    assert _transition(ros, proc, Transition.TRANSITION_DEACTIVATE)
+    ros.spin_for(1.5)
+    inactive = window(4.0)
+    assert inactive and all(d["state"] == "inactive" for _, d in inactive), inactive
+    assert 2 <= len(inactive) <= 5, [t for t, _ in inactive]
+    assert set(active[-1][1]) == set(inactive[-1][1])  # the same message, whoever publishes
+
+
+def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ros):
+    """Diagnostics (node/diagnostics.py) on a real node, its hooks called directly: the control
+    thread's idle hook publishes once a second when the next deadline leaves room, or after
+    FORCE_S anyway; the executor's timer stands back while the control thread publishes."""
+    import rclpy
+
+    from flashrt_ros.node.diagnostics import Diagnostics
+    from flashrt_ros.node.loop import EngineLock
+
+    node = rclpy.create_node("flashrt_diag", context=ros.context)
+    built: list[float] = []
+
+    def build() -> DiagnosticArray:
+        built.append(time.monotonic())
+        return DiagnosticArray()
+
+    lock = EngineLock()
+    d = Diagnostics(node, build, lock)
+    try:
+        d.on_timer()  # no timer loop: the executor's timer publishes
+        assert len(built) == 1
+        d.by_loop = True  # the timer loop runs
+        d.on_timer()
+        assert len(built) == 1  # the control thread publishes now
+
+        def far() -> float:  # a next deadline with room
+            return time.monotonic() + 0.5
+
+        d.idle(far())
+        assert len(built) == 1  # not due: less than a second since the last one
+        d.last -= 1.0
+        d.idle(time.monotonic())  # due, but the next deadline is now: no room
+        assert len(built) == 1
+        with lock:  # due, room, but the engine lock is held (a rollout step)
+            d.idle(far())
+        assert len(built) == 1
+        d.idle(far())  # due and room: published, its cost measured
+        assert len(built) == 2 and 0 < d.cost < 0.5
+        d.on_timer()
+        assert len(built) == 2
+        d.last -= Diagnostics.FORCE_S
+        d.idle(time.monotonic())  # no room for FORCE_S: published anyway
+        assert len(built) == 3
+        d.last -= Diagnostics.FORCE_S + Diagnostics.EVERY_S
+        d.on_timer()  # the control thread has been silent too long: the executor steps in
+        assert len(built) == 4
+    finally:
+        node.destroy_node()

@@ -56,7 +56,7 @@ def _run_loop(rate_hz: float, tick, seconds: float) -> list[tuple]:
     loop = TimerLoop(
         rate_hz,
         on_tick,
-        on_timing=lambda jitter, missed: events.append(("timing", missed)),
+        on_timing=lambda jitter, missed, took: events.append(("timing", missed)),
         on_error=lambda e: events.append(("error", e)),
         idle=idle,
     )
@@ -98,3 +98,22 @@ def test_idle_hook_is_not_called_without_time_to_spare():
     for i, e in enumerate(events):
         if e[0] == "idle":
             assert events[i - 1][0] == "timing" and events[i - 1][1] > 0, events[i - 3 : i + 1]
+
+
+def test_timing_reports_how_long_an_overrunning_tick_took():
+    """on_timing gets each tick's own duration beside its wake-up lateness, so an overrun can
+    be told apart: a tick that ran long, or one that woke late (the node's diagnostics count
+    both kinds, overruns_long_tick and overruns_late_wake)."""
+    period = 1.0 / 200.0
+    seen: list[tuple[float, int, float]] = []
+    loop = TimerLoop(
+        200.0,
+        lambda d: time.sleep(2.5 * period),  # every tick runs long
+        on_timing=lambda jitter, missed, took: seen.append((jitter, missed, took)),
+        on_error=lambda e: seen.append((0.0, -1, 0.0)),
+    )
+    loop.start()
+    time.sleep(0.2)
+    loop.stop()
+    assert len(seen) >= 3 and all(m >= 2 for _, m, _ in seen), seen
+    assert all(took >= 2.5 * period > jitter for jitter, _, took in seen), seen

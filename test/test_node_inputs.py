@@ -157,9 +157,12 @@ def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ro
     try:
         d.on_timer()  # no timer loop: the executor's timer publishes
         assert len(built) == 1
+        assert d.timer.timer_period_ns == 1_000_000_000
         d.by_loop = True  # the timer loop runs
         d.on_timer()
         assert len(built) == 1  # the control thread publishes now
+        # ... and the executor only wakes as often as it may have to step in
+        assert d.timer.timer_period_ns == int((Diagnostics.FORCE_S + Diagnostics.EVERY_S) * 1e9)
 
         def far() -> float:  # a next deadline with room
             return time.monotonic() + 0.5
@@ -182,5 +185,7 @@ def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ro
         d.last -= Diagnostics.FORCE_S + Diagnostics.EVERY_S
         d.on_timer()  # the control thread has been silent too long: the executor steps in
         assert len(built) == 4
+        d.by_loop = False  # the timer loop stopped: the executor's timer is 1 Hz again
+        assert d.timer.timer_period_ns == 1_000_000_000
     finally:
         node.destroy_node()

@@ -31,8 +31,15 @@ class Diagnostics:
     FORCE_S = 3.0  # the control thread publishes without slack after this long
     MARGIN_S = SPIN_S + 0.0001  # besides the publish's cost: the loop's spin before a deadline
 
-    def __init__(self, node, build: Callable[[], DiagnosticArray], lock: EngineLock) -> None:
+    def __init__(
+        self, node, build: Callable[[], DiagnosticArray], lock: EngineLock, group=None
+    ) -> None:
         self.pub = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        # The executor's timer. Each wake-up of rclpy's executor runs a few hundred microseconds
+        # of Python under the GIL (it rebuilds its wait set over the whole node), even when the
+        # callback then does nothing, so while the control thread publishes it only wakes as
+        # often as it may have to step in.
+        self.timer = node.create_timer(self.EVERY_S, self.on_timer, callback_group=group)
         self.build = build
         self.lock = lock  # the engine lock, which build() takes too
         self.log = node.get_logger()
@@ -41,7 +48,18 @@ class Diagnostics:
         # preemption on a loaded machine does not keep the next ones from finding room
         self.costs = deque([0.0003], maxlen=5)
         self.cost = 0.0003
-        self.by_loop = False  # the control thread publishes (set while the timer loop runs)
+        self._by_loop = False
+
+    @property
+    def by_loop(self) -> bool:
+        """Whether the control thread publishes (set while the timer loop runs)."""
+        return self._by_loop
+
+    @by_loop.setter
+    def by_loop(self, on: bool) -> None:
+        self._by_loop = bool(on)
+        period = self.FORCE_S + self.EVERY_S if on else self.EVERY_S
+        self.timer.timer_period_ns = int(period * 1e9)
 
     def publish(self) -> None:
         t0 = time.monotonic()

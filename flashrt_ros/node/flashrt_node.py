@@ -82,10 +82,11 @@ class FlashrtNode(LifecycleNode):
         self.service_host = ServiceHost(self)
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
-        self.diagnostics = Diagnostics(self, self.diagnostic_array, self.control.lock)
+        self.diagnostics = Diagnostics(
+            self, self.diagnostic_array, self.control.lock, group=self._cb_services
+        )
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
-        self.create_timer(1.0, self.diagnostics.on_timer, callback_group=self._cb_services)
 
     @property
     def engine(self) -> Engine | None:
@@ -443,10 +444,19 @@ class FlashrtNode(LifecycleNode):
             return
         self.control.fault("control tick", e, step_error=True)
 
-    def _on_timing(self, jitter: float, missed: int) -> None:
+    def _on_timing(self, jitter: float, missed: int, took: float) -> None:
         with self.stats.lock:
             self.stats.jitter_us.add(abs(jitter) * 1e6)
-            self.stats.overruns += missed
+            if missed:
+                self.stats.overruns += missed
+                if jitter > took:
+                    self.stats.overruns_late_wake += 1
+                else:
+                    self.stats.overruns_long_tick += 1
+                self.stats.last_overrun = (
+                    f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us, "
+                    f"{missed} tick(s) skipped"
+                )
 
     # -- diagnostics -------------------------------------------------------------------------------
     def diagnostic_array(self) -> DiagnosticArray:
@@ -461,6 +471,9 @@ class FlashrtNode(LifecycleNode):
             "step_p99_us": f"{sn['step_p99_us']:.1f}",
             "jitter_p99_us": f"{sn['jitter_p99_us']:.1f}",
             "overruns": str(sn["overruns"]),
+            "last_overrun": sn["last_overrun"],
+            "overruns_late_wake": str(sn["overruns_late_wake"]),
+            "overruns_long_tick": str(sn["overruns_long_tick"]),
             "refused_inputs": str(sn["refused"]),
             "last_refusal": sn["last_refusal"],
             "stale_ticks": str(sn["stale_ticks"]),

@@ -150,7 +150,7 @@ class TimerLoop:
         self.period = 1.0 / rate_hz
         self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
-        self.on_timing = on_timing  # (jitter_s, overruns) after each tick
+        self.on_timing = on_timing  # (jitter_s, overruns, tick_s) after each tick
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self.idle = idle  # idle(next deadline) after a tick with time to spare
         self._stop = threading.Event()
@@ -201,7 +201,7 @@ class TimerLoop:
                 deadline += missed * self.period
             if lock is not None:
                 lock.schedule(deadline, self.period, tick_s)
-            self.on_timing(jitter, missed)
+            self.on_timing(jitter, missed, now - start)
             if self.idle is not None and deadline - time.monotonic() > SPIN_S:
                 try:
                     self.idle(deadline)

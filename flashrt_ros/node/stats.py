@@ -51,6 +51,9 @@ class LoopStats:
         self.jitter_us = Ring()
         self.steps = 0
         self.overruns = 0
+        self.last_overrun = ""  # why the last overrun happened: a late wake-up or a long tick
+        self.overruns_late_wake = 0  # overrunning ticks that woke later than they took to run
+        self.overruns_long_tick = 0  # the others: the tick itself ran long
         self.refused = 0
         self.stale_ticks = 0
         self.stale_s = 0.0
@@ -91,6 +94,9 @@ class LoopStats:
                 for k in (
                     "steps",
                     "overruns",
+                    "last_overrun",
+                    "overruns_late_wake",
+                    "overruns_long_tick",
                     "refused",
                     "last_refusal",
                     "stale_ticks",

@@ -284,6 +284,9 @@ def diag_numbers(d: dict) -> dict:
         "step_p99_us",
         "jitter_p99_us",
         "overruns",
+        "overruns_late_wake",
+        "overruns_long_tick",
+        "last_overrun",
         "refused_inputs",
         "stale_ticks",
         "service_p50_us",
@@ -293,7 +296,7 @@ def diag_numbers(d: dict) -> dict:
     ):
         if k in d:
             try:
-                out[k] = float(d[k]) if k not in ("device", "state") else d[k]
+                out[k] = float(d[k]) if k not in ("device", "state", "last_overrun") else d[k]
             except ValueError:
                 out[k] = d[k]
     return out
@@ -1190,9 +1193,10 @@ def main() -> int:
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
         "--only",
-        choices=("camera",),
+        choices=("camera", "timer"),
         default=None,
-        help="run only this scenario (camera: with the image echo floor unless --no-floors)",
+        help="run only this scenario, with its floors unless --no-floors (camera: the image "
+        "echo; timer: the --rates rows, without services, and the timer floors)",
     )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
@@ -1258,9 +1262,9 @@ def main() -> int:
                     starts[label] = r
 
     svc_rate = 500.0 if 500.0 in rates else rates[0]
-    for rate in rates if full else []:
+    for rate in rates if full or args.only == "timer" else []:
         secs = args.seconds_1khz if rate == 1000.0 else args.seconds
-        r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, rate == svc_rate)
+        r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, full and rate == svc_rate)
         if r is not None:
             rows.append(r[0])
             svc = r[1] or svc
@@ -1283,7 +1287,9 @@ def main() -> int:
             )  # fmt: skip
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
-    cam = attempt("camera", run_camera, args, args.camera_samples or (30 if q else 500))
+    cam = None
+    if full or args.only == "camera":
+        cam = attempt("camera", run_camera, args, args.camera_samples or (30 if q else 500))
 
     if not args.no_floors:
         for key, fn, a in (
@@ -1293,7 +1299,11 @@ def main() -> int:
             ("timer_1000", run_floor_timer, (args, 1000.0, args.seconds, log_dir)),
             ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
         ):
-            if not full and key != "image_echo":
+            if (
+                not full
+                and key
+                not in {"camera": ("image_echo",), "timer": ("timer_500", "timer_1000")}[args.only]
+            ):
                 continue
             r = attempt(f"floor {key}", fn, *a)
             if r is not None:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from test.conftest import require_rclpy
-from test.ros_helpers import NODE_EXECUTABLE, REPO_ROOT, launch_node
+from test.ros_helpers import NODE_EXECUTABLE, REPO_ROOT, importable_tests, launch_node
 
 BAD = [  # (overrides, the parameter the error names): one of each class of bad value
     ({"obs_timeout_s": math.nan}, "obs_timeout_s"),
@@ -159,6 +159,23 @@ def _wait(proc, timeout: float = 30.0) -> int | None:
         return proc.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
+
+
+def test_a_policy_that_cannot_be_built_fails_configure_saying_why(tmp_path, ros_domain):
+    """An error of any kind while configuring (here the policy's state_spec raises KeyError) is
+    logged with its type and text and the node exits 2: rclpy alone would report the failed
+    transition without a word about its cause."""
+    with importable_tests():
+        proc = launch_node(
+            {"device": "cpu", "policy": "test.tiny_policy:unbuildable"}, log_dir=tmp_path
+        )
+    try:
+        rc = _wait(proc)
+        log = proc.log_path.read_text(errors="replace")
+        assert rc == 2, f"{proc}: rc {rc}, expected 2\n{log}"
+        assert "configure failed: KeyError: 'observation.missing'" in log, log
+    finally:
+        proc.stop()
 
 
 def test_bad_parameters_make_the_node_exit_2_naming_them(tmp_path, ros_domain):

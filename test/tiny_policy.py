@@ -38,3 +38,15 @@ def tiny(gain: float = 0.5) -> Policy:
 def tiny_other() -> Policy:
     """The same policy with other weights: another fingerprint."""
     return TinyPolicy(0.25).eval()
+
+
+class _Unbuildable(TinyPolicy):
+    """A policy whose state cannot be laid out: what a user's bug looks like to the Engine."""
+
+    def state_spec(self) -> list[StateEntry]:
+        raise KeyError("observation.missing")
+
+
+def unbuildable() -> Policy:
+    """`test.tiny_policy:unbuildable`: the Engine's build raises KeyError (test_node_safety)."""
+    return _Unbuildable()

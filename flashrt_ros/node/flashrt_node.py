@@ -141,6 +141,9 @@ class FlashrtNode(LifecycleNode):
         except (ValueError, RuntimeError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
+        except Exception as e:  # rclpy would turn it into ERROR without a word: say what it was
+            self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
+            return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
         self._pub_cmd = self._pub_traj = None
         if cfg.output in ("commands", "both"):

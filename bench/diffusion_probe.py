@@ -44,8 +44,25 @@ def infer_ticks(eng: Engine, n: int, o: dict) -> list[float]:
     return out, a
 
 
+def graph_us(fn, calls: int = 20, replays: int = 10) -> float:
+    """Device time per call of `fn`, captured `calls` times in one graph and replayed."""
+    for _ in range(3):
+        fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / (calls * replays) * 1e6
+
+
 def gemm_table() -> list[dict]:
-    """torch.nn.functional.linear at the UNet's shapes (M = horizon rows, batch 1)."""
+    """The UNet's products (M = horizon rows, batch 1): cuBLAS (F.linear) and cuda/skinny.py."""
     rows = []
     for m, k, n in [
         (16, 512 * 5, 512),
@@ -56,23 +73,19 @@ def gemm_table() -> list[dict]:
     ]:
         x = torch.randn(1, m, k, device="cuda")
         w = torch.randn(n, k, device="cuda")
-        for _ in range(3):
-            torch.nn.functional.linear(x, w)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                torch.nn.functional.linear(x, w)
-        g.replay()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            g.replay()
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - t0) / 200 * 1e6
-        rows.append(
-            {"m": m, "k": k, "n": n, "us": round(us, 2), "GBps": round(k * n * 4 / us / 1e3, 1)}
-        )
+        row = {"m": m, "k": k, "n": n}
+        for name, fn in (("cublas", torch.nn.functional.linear), ("skinny", skinny.linear)):
+            us = graph_us(lambda fn=fn, x=x, w=w: fn(x, w))
+            row[f"{name}_us"] = round(us, 2)
+            row[f"{name}_GBps"] = round(k * n * 4 / us / 1e3, 1)
+        rows.append(row)
     return rows
+
+
+def make_engine(policy, device: str, graph: bool) -> Engine:
+    return Engine(
+        policy, device=device, capsule_slots=2, use_graph=graph and device == "cuda", fuse=False
+    )
 
 
 def profile(eng: Engine, o: dict) -> dict:
@@ -123,13 +136,7 @@ def main() -> int:
         torch.backends.cuda.matmul.allow_tf32 = mode == "unet_tf"
         skinny.MIN_K = 10**9 if mode in ("eager", "cublas", "unet_cublas") else 512
         graph = mode != "eager"
-        eng = Engine(
-            policy,
-            device=a.device,
-            capsule_slots=2,
-            use_graph=graph and a.device == "cuda",
-            fuse=False,
-        )
+        eng = make_engine(policy, a.device, graph)
         o = obs(eng)
         build = time.perf_counter() - t0
         ts, act = infer_ticks(eng, 30 if graph else 10, o)
@@ -139,14 +146,7 @@ def main() -> int:
             "infer_p50_us": round(float(np.median(ts)), 1),
             "infer_p99_us": round(float(np.percentile(ts, 99)), 1),
         }
-        eng2 = Engine(
-            policy,
-            device=a.device,
-            capsule_slots=2,
-            use_graph=graph and a.device == "cuda",
-            fuse=False,
-            seed=0,
-        )
+        eng2 = make_engine(policy, a.device, graph)  # a fresh one: the same first action
         _, a0 = infer_ticks(eng2, 1, o)
         if ref is None:
             ref = a0

@@ -68,6 +68,14 @@ def test_falls_back_where_it_does_not_apply():
     ):
         ww = w.to(x.device, x.dtype)
         assert torch.equal(skinny.linear(x, ww), F.linear(x, ww))
+    x = torch.randn(2, 1024, device="cuda")
+    one = torch.randn(1, device="cuda")  # a bias F.linear broadcasts: never read past its end
+    assert torch.equal(skinny.linear(x, w, one), F.linear(x, w, one))
+    none = torch.randn(0, 1024, device="cuda")  # no outputs at all
+    assert skinny.linear(x, none).shape == (2, 0)
+    wg = w.clone().requires_grad_(True)  # training: the kernel has no backward
+    skinny.linear(x, wg).sum().backward()
+    torch.testing.assert_close(wg.grad, x.sum(0).expand_as(w))
 
 
 def test_compiles_as_one_opaque_op():

@@ -53,6 +53,21 @@ def test_a_burst_of_observations_gets_one_command_each_in_order(ros):
     assert proc.stop() == 0  # Ctrl-C: the inputs' loop ends with the node
 
 
+def test_bytes_that_are_no_joint_state_change_nothing_and_the_loop_goes_on(ros):
+    """Bytes published as a JointState that are none: whatever the middleware makes of them
+    (this one drops them; a take that raises is logged and skipped by the loop), no command
+    comes of them and the observations after them are stepped on as usual."""
+    proc = ros.start_node({"trigger": "observation"})
+    c = NodeClient(ros, proc)
+    eng = make_engine()
+    for _ in range(3):
+        c._js.publish(b"\x00\x01\x00\x00garbage")  # a serialized message, as rclpy sends bytes
+    ros.spin_for(0.5)
+    assert not c.commands
+    got = _burst(c, OBS[:5])
+    assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:5]]))
+
+
 def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
     """The loop runs from configure to cleanup: a goal is applied while inactive (as before),
     nothing steps while inactive, and after cleanup and a new configure the new subscriptions

@@ -130,6 +130,22 @@ def test_denoiser_convolution_as_a_product_equals_conv1d(k, stride, pad):
 
 
 @pytest.mark.parametrize(
+    "extra", [{"output_padding": 1}, {"dilation": 2}, {"groups": 2}], ids=lambda e: next(iter(e))
+)
+def test_upsampling_with_what_the_product_does_not_cover_is_the_plain_layer(extra):
+    """Output padding, dilation and groups are left to nn.ConvTranspose1d itself."""
+    from flashrt_ros.policies.diffusion import _ConvTranspose1d
+
+    torch.manual_seed(1)
+    up = _ConvTranspose1d(8, 6, 4, 2, 1, **extra)
+    plain = torch.nn.ConvTranspose1d(8, 6, 4, 2, 1, **extra)
+    plain.load_state_dict(up.state_dict())
+    x = torch.randn(2, 8, 5)
+    with torch.no_grad():
+        assert torch.equal(up(x), plain(x))
+
+
+@pytest.mark.parametrize(
     "k,stride,pad,length", [(4, 2, 1, 4), (4, 2, 1, 8), (3, 1, 1, 5), (2, 2, 0, 3)]
 )
 def test_denoiser_upsampling_as_a_product_equals_conv_transpose(k, stride, pad, length):

@@ -124,6 +124,8 @@ def function(index: int, m: int):
 def _usable(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:  # noqa: UP045
     if not (x.is_cuda and w.is_cuda) or x.dtype != torch.float32 or w.dtype != torch.float32:
         return False
+    if w.device != x.device or w.dim() != 2 or w.shape[0] == 0:
+        return False
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     if not (1 <= m <= MAX_ROWS and k >= MIN_K and k % 4 == 0 and w.dim() == 2):
@@ -133,7 +135,10 @@ def _usable(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> b
     if x.data_ptr() % 16 or w.data_ptr() % 16:
         return False
     if bias is not None and not (
-        bias.is_cuda and bias.dtype == torch.float32 and bias.is_contiguous()
+        bias.device == x.device
+        and bias.dtype == torch.float32
+        and bias.is_contiguous()
+        and tuple(bias.shape) == (w.shape[0],)  # F.linear also broadcasts: not the kernel
     ):
         return False
     return function(x.get_device(), m) is not None
@@ -174,7 +179,9 @@ def _(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.T
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
-    """F.linear(x, w, bias); on CUDA with few rows, the kernel above."""
-    if not x.is_cuda:
+    """F.linear(x, w, bias); on CUDA with few rows, the kernel above. With gradients wanted
+    (training) it is F.linear too: the kernel has no backward."""
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias))
+    if not x.is_cuda or grads:
         return F.linear(x, w, bias)
     return _skinny_linear(x, w, bias)

@@ -62,18 +62,30 @@ class InputLoop(WaitLoop):
                 for sub, handler in self.drained:
                     if first and sub.handle.pointer not in ready:
                         continue
-                    while (got := take(sub)) is not None:
+                    while (got := self._take(sub)) is not None:
                         self._call(sub, handler, got)
                 if self.stepping is None:
                     return
                 sub, handler = self.stepping
                 if first and sub.handle.pointer not in ready:
                     return
-                got = take(sub)
+                got = self._take(sub)
                 if got is None:
                     return
                 self._call(sub, handler, got)
                 first = False
+
+    def _take(self, sub) -> tuple[object, float] | None:
+        """polled.take, or None when the take itself fails (a message that does not
+        deserialize): logged, and the loop goes on, as the services' loop does."""
+        try:
+            return take(sub)
+        except Exception as e:
+            self.log.error(
+                f"{sub.topic_name}: message not taken: {type(e).__name__}: {e}",
+                throttle_duration_sec=1.0,
+            )
+            return None
 
     def _call(self, sub, handler: Handler, got: tuple[object, float]) -> None:
         try:

@@ -126,7 +126,8 @@ class ChunkedPolicy(Policy):
         self.coeff = None if coeff is None else float(coeff)
         # a module that must not be compiled says so (policies/base.py Policy.fuse_default)
         self.fuse_default = bool(getattr(module, "fuse_default", True))
-        self.fuse_parts = tuple(getattr(module, "fuse_parts", ()))  # see compile_parts
+        parts = getattr(module, "fuse_parts", ())  # see compile_parts
+        self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params

@@ -47,6 +47,10 @@ class NodeClient:
             ),
             20,
         ), "node does not subscribe joint_states/goal, or does not publish commands"
+        # Each side matches the other on its own discovery: these counts are this process's
+        # view, and the node's reader or writer can match a moment later (a first observation
+        # or command lost that way stalled a test under load). Let discovery settle.
+        ros.spin_for(0.3)
 
     def _on_diag(self, msg) -> None:
         for st in msg.status:

@@ -364,6 +364,16 @@ def exported_policy(steps: int = 200) -> list[Check]:
     ]
 
 
+def record_steps(eng, obs) -> tuple[np.ndarray, dict[int, bytes]]:
+    """Step `eng` on each of `obs`: the actions, and the state bytes after each step (0: before
+    the first), which the flight ring's slots must hold."""
+    acts, snaps = [], {0: eng.state_bytes()}
+    for i, o in enumerate(obs):
+        acts.append(eng.step(o))
+        snaps[i + 1] = eng.state_bytes()
+    return np.array(acts), snaps
+
+
 def flight_ring(ticks: int = 5, steps: int = 13) -> list[Check]:
     """The flight ring is written by cuda/ring.py's kernel inside the captured step, fused and
     unfused: after a wrap every listed slot holds the state it claims, and a rewind plus the
@@ -373,10 +383,7 @@ def flight_ring(ticks: int = 5, steps: int = 13) -> list[Check]:
         eng = hybrid_engine(flight_ticks=ticks, fuse=fuse)
         s = eng.session("main")
         obs = obs_stream(steps, seed=4)
-        acts, snaps = [], {0: eng.state_bytes()}
-        for i, o in enumerate(obs):
-            acts.append(eng.step(o))
-            snaps[i + 1] = eng.state_bytes()
+        acts, snaps = record_steps(eng, obs)
         held = eng.flight()
         wrong = [t for t in held[:-1] if s.flight_state(t).cpu().numpy().tobytes() != snaps[t]]
         k = len(held) - 1
@@ -393,7 +400,7 @@ def flight_ring(ticks: int = 5, steps: int = 13) -> list[Check]:
             ),
             check(
                 f"ring_rewind_replays_bitwise_{tag}",
-                np.array_equal(again, np.array(acts[steps - k :])),
+                np.array_equal(again, acts[steps - k :]),
                 k=k,
             ),
         ]

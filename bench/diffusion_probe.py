@@ -1,7 +1,11 @@
 """Where the lerobot-size builtin:diffusion tick spends its time on CUDA, and what a compiled
 denoiser step (one UNet call, compiled once, called K times) gives inside our graph.
 
-    python3 bench/diffusion_probe.py --out DIR [--steps 10] [--modes base,unet,unet_tf]
+    python3 bench/diffusion_probe.py --out DIR [--steps 10] [--modes eager,base,unet]
+
+Modes: eager (no graph), cublas (captured, cuBLAS for the products), base (captured, with
+cuda/skinny.py), unet / unet_tf / unet_ma / unet_cublas (the UNet compiled: default, with TF32
+matmuls, max-autotune, or without the kernel).
 
 Writes DIR/diffusion_probe.json. An exploration tool, not part of the bench suite.
 """
@@ -19,21 +23,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.policies_bench import observations  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 from flashrt_ros.cuda import skinny  # noqa: E402
 
 
-def obs(eng: Engine, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        k: rng.normal(size=v["shape"]).astype(np.float32) * 0.1
-        if v["kind"] == "vector"
-        else rng.integers(0, 256, v["shape"], dtype=np.uint8)
-        for k, v in eng.observation_spec().items()
-    }
-
-
-def infer_ticks(eng: Engine, n: int, o: dict) -> list[float]:
+def infer_ticks(eng: Engine, n: int, o: dict) -> tuple[list[float], np.ndarray]:
+    """Host wall time (us) of the next `n` infer ticks (queue ticks run, untimed), and the
+    last action."""
     out = []
     while len(out) < n:
         kind = eng.next_tick_kind()
@@ -137,9 +134,9 @@ def main() -> int:
         skinny.MIN_K = 10**9 if mode in ("eager", "cublas", "unet_cublas") else 512
         graph = mode != "eager"
         eng = make_engine(policy, a.device, graph)
-        o = obs(eng)
+        o = observations(eng, 1)[0]
         build = time.perf_counter() - t0
-        ts, act = infer_ticks(eng, 30 if graph else 10, o)
+        ts, _ = infer_ticks(eng, 30 if graph else 10, o)
         ts = np.array(ts[2:])
         r = {
             "build_s": round(build, 1),

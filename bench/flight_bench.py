@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.checks import obs_stream  # noqa: E402
+from bench.checks import obs_stream, record_steps  # noqa: E402
 from bench.timing import p as pct  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 
@@ -52,11 +52,7 @@ def check_rewind(spec: dict, device: str, ticks: int, steps: int, ks: list[int],
     actions bit for bit (across a ring wrap when steps > ticks)."""
     e = engine(spec, device, ticks, **kw)
     obs = obs_stream(steps)
-    acts, snaps = [], {0: e.state_bytes()}
-    for i, o in enumerate(obs):
-        acts.append(e.step(o))
-        snaps[i + 1] = e.state_bytes()
-    acts = np.array(acts)
+    acts, snaps = record_steps(e, obs)
     held = e.flight()
     s = e.session("main")
     slots_ok = all(bytes(s.flight_state(t).cpu().numpy()) == snaps[t] for t in held)

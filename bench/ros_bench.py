@@ -139,22 +139,6 @@ def stream_main(rate: float, seconds: float, topic: str, reliable: bool = False)
 
 
 # ------------------------------------------------------------------------------------------------
-def timed_call(ex, client, request, timeout: float = 30.0):
-    """Round trip of one service call (s), with the reply, spinning executor `ex`."""
-    t0 = time.perf_counter()
-    fut = client.call_async(request)
-    end = time.monotonic() + timeout
-    while not fut.done():
-        if time.monotonic() > end:
-            fut.cancel()
-            raise TimeoutError(f"no reply from {client.srv_name} in {timeout} s")
-        ex.spin_once(timeout_sec=0.01)
-    dt = time.perf_counter() - t0
-    if fut.exception() is not None:
-        raise fut.exception()
-    return dt, fut.result()
-
-
 class ServiceCaller:
     """Service clients on a node and an executor of their own. The harness node also takes the
     node's commands (500 Hz while the loop runs) and /diagnostics: spinning its executor for a
@@ -178,7 +162,19 @@ class ServiceCaller:
         return self.node.create_client(srv_type, name)
 
     def call(self, client, request, timeout: float = 30.0):
-        return timed_call(self.ex, client, request, timeout)
+        """Round trip of one service call (s), with the reply."""
+        t0 = time.perf_counter()
+        fut = client.call_async(request)
+        end = time.monotonic() + timeout
+        while not fut.done():
+            if time.monotonic() > end:
+                fut.cancel()
+                raise TimeoutError(f"no reply from {client.srv_name} in {timeout} s")
+            self.ex.spin_once(timeout_sec=0.01)
+        dt = time.perf_counter() - t0
+        if fut.exception() is not None:
+            raise fut.exception()
+        return dt, fut.result()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -264,10 +260,6 @@ class Client:
     def publish_obs(self, k: int) -> None:
         self._msg.position, self._msg.velocity = obs_row(k)
         self._js.publish(self._msg)
-
-    def call(self, client, request, timeout: float = 30.0):
-        """Round trip of one service call (s), with the reply; spins this client's executor."""
-        return timed_call(self.ex, client, request, timeout)
 
     def latest_diag(self, timeout: float = 3.0) -> dict:
         n = len(self.diag)
@@ -989,21 +981,29 @@ def run_floor_image(ros, args, n: int, log_dir: Path) -> dict:
     return out
 
 
-def run_floor_service(ros, args, n: int, log_dir: Path) -> dict:
-    from bench.ros_floors import launch_floor
+def list_rtts_us(ros, proc, n: int, warm: int = 5) -> list[float]:
+    """`n` ListCapsules round trips (us) to `proc` by a ServiceCaller, after `warm` untimed."""
     from flashrt_ros import srv
 
-    proc = launch_floor(ros, "service", log_dir=log_dir)
     sc = ServiceCaller(ros)  # the same client as run_services'
-    ls = sc.client(srv.ListCapsules, proc.service("list_capsules"))
     try:
+        ls = sc.client(srv.ListCapsules, proc.service("list_capsules"))
         if not ls.wait_for_service(timeout_sec=20.0):
             raise RuntimeError(f"service {ls.srv_name} not available\n{proc.log_tail()}")
-        for _ in range(5):  # warm-up, not timed (as run_services)
+        for _ in range(warm):  # warm-up, not timed (as run_services)
             sc.call(ls, srv.ListCapsules.Request())
-        t = [sc.call(ls, srv.ListCapsules.Request())[0] * 1e6 for _ in range(n)]
+        return [sc.call(ls, srv.ListCapsules.Request())[0] * 1e6 for _ in range(n)]
     finally:
         sc.close()
+
+
+def run_floor_service(ros, args, n: int, log_dir: Path) -> dict:
+    from bench.ros_floors import launch_floor
+
+    proc = launch_floor(ros, "service", log_dir=log_dir)
+    try:
+        t = list_rtts_us(ros, proc, n)
+    finally:
         rc = proc.stop()
     out = {"calls": n, "type": "flashrt_ros/srv/ListCapsules", "p50_us": pct(t, 50)}
     out.update(p99_us=pct(t, 99), exit_status=rc)

@@ -23,9 +23,14 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
-import numpy as np  # noqa: E402
-
-from bench.ros_bench import Client, ServiceCaller, start_node, stop_streamer, streamer  # noqa: E402
+from bench.ros_bench import (  # noqa: E402
+    Client,
+    list_rtts_us,
+    pct,
+    start_node,
+    stop_streamer,
+    streamer,
+)
 from test.ros_helpers import ros_harness  # noqa: E402
 
 MODES = (  # label, node parameters, stream joint_states at 500 Hz, reliable stream
@@ -33,23 +38,6 @@ MODES = (  # label, node parameters, stream joint_states at 500 Hz, reliable str
     ("observation_500hz", {"trigger": "observation"}, True, True),
     ("timer_500hz", {"trigger": "timer", "rate_hz": 500.0}, True, False),
 )
-
-
-def list_rtts(ros, proc, n: int) -> dict:
-    from flashrt_ros import srv
-
-    sc = ServiceCaller(ros)
-    try:
-        ls = sc.client(srv.ListCapsules, proc.service("list_capsules"))
-        if not ls.wait_for_service(timeout_sec=20.0):
-            raise RuntimeError("list_capsules not available")
-        for _ in range(10):  # warm-up
-            sc.call(ls, srv.ListCapsules.Request())
-        t = np.array([sc.call(ls, srv.ListCapsules.Request())[0] * 1e6 for _ in range(n)])
-    finally:
-        sc.close()
-    return {"calls": n, "p50_us": round(float(np.percentile(t, 50)), 1),
-            "p99_us": round(float(np.percentile(t, 99)), 1)}  # fmt: skip
 
 
 def main() -> int:
@@ -72,9 +60,10 @@ def main() -> int:
                 if stream and not cl.spin_until(lambda c=cl: len(c.cmd_cb) > 100, 30.0):
                     raise RuntimeError(f"{label}: the node does not step\n{proc.log_tail()}")
                 t0 = time.time_ns()
-                row = list_rtts(ros, proc, a.calls)  # cl is not spun: its commands queue
+                t = list_rtts_us(ros, proc, a.calls, warm=10)  # cl is not spun: commands queue
                 t1 = time.time_ns()
                 cl.spin_for(0.3)
+                row = {"calls": a.calls, "p50_us": pct(t, 50), "p99_us": pct(t, 99)}
                 got = sum(t0 <= rx <= t1 for rx in cl.cmd_rx)  # received while timing
                 row["steps_hz_meanwhile"] = round(got / ((t1 - t0) * 1e-9), 1)
                 out["modes"][label] = row

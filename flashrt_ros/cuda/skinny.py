@@ -128,7 +128,7 @@ def _usable(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> b
         return False
     k = x.shape[-1]
     m = x.numel() // k if k else 0
-    if not (1 <= m <= MAX_ROWS and k >= MIN_K and k % 4 == 0 and w.dim() == 2):
+    if not (1 <= m <= MAX_ROWS and k >= MIN_K and k % 4 == 0):
         return False
     if not (x.is_contiguous() and w.is_contiguous()) or w.shape[1] != k:
         return False

@@ -85,8 +85,8 @@ class Cameras:
     The subscriptions go to `callback_group`, a polled.PolledGroup the executor never runs.
     `polled`: the control thread calls `take()` at the top of each tick (timer mode, as
     joint_states: polled.py says why). Otherwise the inputs' loop (inputs.py) takes them and
-    calls `on_image` (observation mode, `inputs()`); there every message handled is acknowledged
-    on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted per camera, in
+    calls `on_image` (observation mode); there every message handled is acknowledged on
+    `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted per camera, in
     `cameras` order), so a lockstep replay knows the node holds an image before it sends the
     joint_states that steps on it."""
 
@@ -114,7 +114,7 @@ class Cameras:
             cam.sub = node.create_subscription(
                 Image,
                 f"camera/{name}/image_raw",
-                (lambda m, c=cam: self.on_image(c, m)),
+                partial(self.on_image, cam),  # (message, age): called by the inputs' loop
                 qos,
                 callback_group=callback_group,
                 raw=typestore is not None,  # decoded by decode_image (the module docstring)
@@ -175,10 +175,6 @@ class Cameras:
     def _publish_seen(self) -> None:
         self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
         self._seen_pub.publish(self._seen)
-
-    def inputs(self) -> list[tuple[object, Callable[[object, float], bool]]]:
-        """(subscription, handler(message, age)) of each camera, for the inputs' loop."""
-        return [(c.sub, partial(self.on_image, c)) for c in self.cams]
 
     def take(self) -> None:
         """Polled mode: handle every queued message of every camera (newest valid one wins)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from diagnostic_msgs.msg import DiagnosticArray
 
-from flashrt_ros.node.loop import SPIN_S, EngineLock
+from flashrt_ros.node.loop import EngineLock
 
 
 class Diagnostics:
@@ -29,7 +29,7 @@ class Diagnostics:
 
     EVERY_S = 1.0  # one publish a second
     FORCE_S = 3.0  # the control thread publishes without slack after this long
-    MARGIN_S = SPIN_S + 0.0001  # besides the publish's cost: the loop's spin before a deadline
+    MARGIN_S = EngineLock.MARGIN_S  # besides the publish's cost: the loop's spin before a deadline
 
     def __init__(
         self, node, build: Callable[[], DiagnosticArray], lock: EngineLock, group=None

@@ -178,10 +178,10 @@ class FlashrtNode(LifecycleNode):
         ]
         self._js_sub = self._subs[1]
         # timer mode: the control thread takes joint_states and the images itself
-        drained = [(self._subs[0], self._on_goal)]
+        drained = [self._subs[0]]  # the goal
         if not timer and self._cams is not None:
-            drained += self._cams.inputs()
-        stepping = None if timer else (self._js_sub, self._on_joint_states)
+            drained += [c.sub for c in self._cams.cams]
+        stepping = None if timer else self._js_sub
         self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping)
         if not self.defer_inputs:
             self._inputs.start()
@@ -279,14 +279,15 @@ class FlashrtNode(LifecycleNode):
     def stop_threads(self) -> None:
         """The control loop and the inputs' loop end (main.py, at exit): nothing steps after."""
         self._stop_loop()
+        self._close_inputs()
+
+    def _close_inputs(self) -> None:
         if self._inputs is not None:
             self._inputs.close()
             self._inputs = None
 
     def _release(self) -> None:
-        if self._inputs is not None:  # it ends before the subscriptions it waits on go
-            self._inputs.close()
-            self._inputs = None
+        self._close_inputs()  # it ends before the subscriptions it waits on go
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs, self._js_sub = [], None

@@ -3,9 +3,9 @@
 `ServiceHost` is the node the services are created on, beside the flashrt node (same context
 and namespace), under the names they always had (`/<ns>/flashrt/<service>`). It has no
 parameter services and no /rosout publisher: it only serves, and it is not spun by an rclpy
-executor but by `serve()`, a loop over a wait set built once for its services and guard
-conditions (waitloop.WaitLoop, which the inputs' loop shares): wait, take each request, call
-its handler, send the reply.
+executor but by its own loop on a thread of its own (`start()`), over a wait set built once for
+its services and guard conditions (waitloop.WaitLoop, which the inputs' loop shares): wait,
+take each request, call its handler, send the reply.
 
 Why not rclpy's SingleThreadedExecutor: it rebuilds its wait set in Python over every entity
 at each wake-up, wraps each callback in a Task, and wakes itself twice more after each callback
@@ -83,10 +83,6 @@ class ServiceHost(WaitLoop):
         return gc
 
     # -- the loop --------------------------------------------------------------------------------
-    def serve(self) -> None:
-        """The loop on the calling thread; returns once stop() is called or rcl shuts down."""
-        self.run()
-
     def _entities(self) -> tuple[list, list, list]:
         return [], list(self._guards), list(self._services)
 

@@ -12,44 +12,36 @@ At each wake-up it goes in rounds: every queued message of the `drained` inputs 
 each camera), then one message of the `stepping` input (joint_states in observation mode, where
 each one is a step: taken one at a time, none dropped); again while a stepping message came. So
 a goal or an image that arrived before an observation is applied before its step, as the
-executor did (goal and images first when several wait). Handlers are called as
-`handler(message, age_s)` (polled.take: the age from the middleware's reception stamp); one
-that raises is logged, and the loop goes on. `lock` is held while a wake-up's messages are
-handled: a lifecycle transition holds it to change what the handlers see, between two messages.
+executor did (goal and images first when several wait). Each subscription's own callback is
+called as `callback(message, age_s)` (polled.take: the age from the middleware's reception
+stamp); one that raises is logged, and the loop goes on. `lock` is held while a wake-up's
+messages are handled: a lifecycle transition holds it to change what the handlers see, between
+two messages.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from flashrt_ros.node.polled import take
 from flashrt_ros.node.waitloop import WaitLoop
 
-Handler = Callable[[object, float], None]
-
 
 class InputLoop(WaitLoop):
-    """Takes the messages of `drained` and `stepping` ((subscription, handler) pairs)."""
+    """Takes the messages of the subscriptions `drained` and `stepping`, each handed to the
+    subscription's own callback as `callback(message, age_s)`."""
 
     thread_name = "flashrt-inputs"
 
-    def __init__(
-        self,
-        context,
-        log,
-        drained: Sequence[tuple[object, Handler]],
-        stepping: tuple[object, Handler] | None = None,
-    ) -> None:
+    def __init__(self, context, log, drained: Sequence, stepping=None) -> None:
         super().__init__(context, log)
         self.drained = list(drained)
         self.stepping = stepping
         self.lock = threading.Lock()
 
     def _entities(self) -> tuple[list, list, list]:
-        subs = [sub for sub, _ in self.drained]
-        if self.stepping is not None:
-            subs.append(self.stepping[0])
+        subs = [*self.drained, *([self.stepping] if self.stepping is not None else [])]
         return subs, [], []
 
     def _on_ready(self, ws) -> None:
@@ -59,20 +51,18 @@ class InputLoop(WaitLoop):
         with self.lock:
             first = True  # the first round skips what the wait did not find ready
             while not self._stop.is_set():
-                for sub, handler in self.drained:
+                for sub in self.drained:
                     if first and sub.handle.pointer not in ready:
                         continue
                     while (got := self._take(sub)) is not None:
-                        self._call(sub, handler, got)
-                if self.stepping is None:
-                    return
-                sub, handler = self.stepping
-                if first and sub.handle.pointer not in ready:
+                        self._call(sub, got)
+                sub = self.stepping
+                if sub is None or (first and sub.handle.pointer not in ready):
                     return
                 got = self._take(sub)
                 if got is None:
                     return
-                self._call(sub, handler, got)
+                self._call(sub, got)
                 first = False
 
     def _take(self, sub) -> tuple[object, float] | None:
@@ -87,9 +77,9 @@ class InputLoop(WaitLoop):
             )
             return None
 
-    def _call(self, sub, handler: Handler, got: tuple[object, float]) -> None:
+    def _call(self, sub, got: tuple[object, float]) -> None:
         try:
-            handler(*got)
+            sub.callback(*got)
         except Exception as e:  # one bad message never ends the loop
             self.log.error(
                 f"{sub.topic_name}: handler raised {type(e).__name__}: {e}",

@@ -55,20 +55,26 @@ class EngineLock:
         self.next_tick: float | None = None  # the timer loop's next deadline (None: no loop)
         self.period = 0.0
         self.tick_s = 0.0  # how long a tick takes (a running mean, from the loop)
+        self._slow = False  # the holder waited for the lock (its release must wake waiters)
 
     def __enter__(self) -> EngineLock:
         if self._lock.acquire(blocking=False):  # free: nobody to tell that we wait (every tick)
+            self._slow = False
             return self
         with self._cond:
             self._waiting += 1
         self._lock.acquire()
         with self._cond:
             self._waiting -= 1
+        self._slow = True  # written by the holder, read by it in __exit__
         return self
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
-        self._bump()
+        # Background steps wait for `_waiting` to fall or for a new deadline (schedule() tells
+        # them that); a holder that never waited changed neither, so its release wakes nobody.
+        if self._slow:
+            self._bump()
 
     def locked(self) -> bool:
         """Whether someone holds the lock now (a step, a request, a rollout step)."""

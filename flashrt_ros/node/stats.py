@@ -75,11 +75,6 @@ class LoopStats:
                 self.step_errors += 1
                 self.last_error = text
 
-    def rate(self, now: float, window: float = 2.0) -> float:
-        with self.lock:
-            t = self.tick_times.values().copy()
-        return float(np.count_nonzero(now - t <= window)) / window
-
     def snapshot(self, now: float) -> dict:
         """Everything /diagnostics shows, copied under the lock (a few microseconds: the control
         thread takes it after every tick) and computed after it is released."""

@@ -251,8 +251,7 @@ class Engine:
         self.fuse = bool(fuse and on_cuda)
         # A policy may compile parts of itself instead (Policy.compile_parts): the step is then
         # captured around them, not compiled whole.
-        parts = getattr(policy, "compile_parts", None)  # a duck-typed policy may lack it
-        self._fuse_step = self.fuse and not (parts is not None and parts())
+        self._fuse_step = self.fuse and not policy.compile_parts()
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
@@ -812,11 +811,8 @@ class Engine:
         if label:
             check_capsule_name(label)
             self.pool.check_name_free(label)
-        if header["pinned"] and not self.pool.has_room():
-            raise CapacityError(
-                f"{path}: a pinned capsule needs a slot, and all {self.pool.slab.shape[0]} "
-                "hold pinned capsules; unpin or drop one, or raise capsule_slots"
-            )
+        if header["pinned"]:
+            self.pool.require_room(f" ({path}: a pinned capsule needs a slot)")
         cid = header["id"]
         cid = cid if is_capsule_id(cid) and cid not in self.pool.caps else None
         cap = self.pool.put(

@@ -171,3 +171,138 @@ def test_stop_ends_an_idle_loop_at_once(ros, owner):
     assert thread is not None and not thread.is_alive()
     assert took < 0.5, f"stop() took {took:.2f} s: the loop waited for its timeout"
     host.destroy()
+
+
+def _lend_to_loop(host, rate_hz: float, tick, ticks: list):
+    from flashrt_ros.node.loop import TimerLoop
+
+    loop = TimerLoop(
+        rate_hz,
+        tick,
+        on_timing=lambda jitter, missed, took: None,
+        on_error=lambda e: ticks.append(("error", e)),
+        serving=host.lent,
+        wake=host.wake,
+    )
+    loop.start()
+    return loop
+
+
+def test_a_running_timer_loop_serves_between_its_ticks_and_hands_back(ros, owner):
+    """While the timer loop runs, its control thread answers the requests (the host's thread is
+    stopped), never during a tick; an async handler parked then is finished by the host's thread
+    once the loop stops and the serving is handed back."""
+    from rclpy.task import Future
+
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules, Rollout
+
+    host = ServiceHost(owner)
+    served: list[tuple[str, bool]] = []
+    in_tick = threading.Event()
+    ticks: list = []
+    done: Future = Future()
+    wake = host.create_guard_condition(lambda: None)
+
+    def list_capsules(req, resp):
+        served.append((threading.current_thread().name, in_tick.is_set()))
+        return resp
+
+    async def rollout(req, resp):
+        resp.action_dim = await done
+        resp.success = True
+        return resp
+
+    def tick(deadline: float) -> None:
+        in_tick.set()
+        ticks.append(deadline)
+        time.sleep(0.001)  # a tick with the GIL free: a request may come meanwhile
+        in_tick.clear()
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    host.create_service(Rollout, "~/rollout", rollout)
+    host.start()
+    loop = _lend_to_loop(host, 200.0, tick, ticks)
+    try:
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        ro = ros.client(Rollout, "/flashrt/rollout")
+        for _ in range(20):
+            ros.call(ls, ListCapsules.Request())
+        assert host._thread is None and host._lent  # the host's own thread is stopped
+        assert served == [("flashrt-control", False)] * 20  # by the loop, between ticks
+        assert loop.served >= 20
+        n = len(ticks)
+        time.sleep(0.1)
+        assert len(ticks) >= n + 10 and not [t for t in ticks if isinstance(t, tuple)]
+        pending = _call_async(ros, ro, Rollout.Request(n_steps=3))
+        ros.spin_for(0.3)
+        assert not pending.done()  # parked on the control thread
+    finally:
+        loop.stop()
+    assert host._thread is not None and host._thread.is_alive() and not host._lent
+    done.set_result(7)
+    wake.trigger()  # the host's own thread resumes the parked handler
+    assert ros.spin_until(pending.done, 10.0)
+    assert pending.result().success and pending.result().action_dim == 7
+    ros.call(ls, ListCapsules.Request())
+    assert served[-1] == ("flashrt-services", False)
+    host.destroy()
+
+
+def test_ticks_that_leave_no_room_still_let_requests_through(ros, owner):
+    """A tick that takes nearly its whole period never leaves the reserve free: the loop still
+    looks for requests every few periods (late, never starved), and the ticks go on."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    host.start()
+    period = 1.0 / 200.0
+    ticks: list = []
+
+    def busy(deadline: float) -> None:  # leaves 100 us before the next deadline's spin
+        ticks.append(deadline)
+        end = deadline + period - 0.0003
+        while time.monotonic() < end:
+            pass
+
+    loop = _lend_to_loop(host, 200.0, busy, ticks)
+    try:
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        for _ in range(5):
+            ros.call(ls, ListCapsules.Request(), timeout=10.0)
+        assert loop.served >= 5 and host._lent
+        n = len(ticks)
+        time.sleep(0.1)
+        assert len(ticks) > n + 5  # still ticking
+    finally:
+        loop.stop()
+    host.destroy()
+
+
+def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
+    """Before start() (main.py starts the serving after the autostart transitions) a borrower
+    only sleeps: no request is answered. One borrower at a time."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    ticks: list = []
+    loop = _lend_to_loop(host, 200.0, lambda d: None, ticks)
+    try:
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        assert ls.wait_for_service(timeout_sec=10.0)
+        early = ls.call_async(ListCapsules.Request())
+        ros.spin_for(0.3)
+        assert not early.done() and loop.served == 0
+        with host.lent() as second:
+            assert second is None
+        host.start()  # the borrower serves now; the host's thread stays stopped
+        assert ros.spin_until(early.done, 10.0)
+        assert host._thread is None and loop.served >= 1
+    finally:
+        loop.stop()
+    assert host._thread is not None  # wanted: handed back to the host's thread
+    host.destroy()

@@ -195,3 +195,61 @@ def test_bad_parameters_fail_configure_with_a_clear_message(ros, tmp_path):
         proc = launch_node(params, log_dir=tmp_path)
         assert proc.proc.wait(timeout=60) == 2
         assert needle in proc.log_tail(), proc.log_tail()
+
+
+def _fifo_allowed(priority: int) -> bool:
+    """Whether this user may give a thread SCHED_FIFO (tried on a thread that then ends)."""
+    import os
+    import threading
+
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return ok[0]
+
+
+def _fifo_threads(pid: int) -> list[int]:
+    """Priorities of the process's threads under SCHED_FIFO."""
+    import os
+    from pathlib import Path
+
+    prios = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if os.sched_getscheduler(int(task.name)) == os.SCHED_FIFO:
+                prios.append(os.sched_getparam(int(task.name)).sched_priority)
+        except OSError:  # the thread ended meanwhile
+            pass
+    return prios
+
+
+def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
+    """realtime_priority: the control thread (and only it) runs under SCHED_FIFO at that
+    priority, or, where the user may not, the node says so and steps as before; it steps and
+    answers requests (on that thread, between ticks) either way."""
+    allowed = _fifo_allowed(7)
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 200.0, "realtime_priority": 7})
+    c = NodeClient(ros, proc)
+    stream(c, 0.5, 100.0)
+    assert ros.spin_until(lambda: len(c.commands) > 20, 10.0), proc.log_tail()
+    log = proc.log_path.read_text(errors="replace")
+    if allowed:
+        assert "flashrt-control runs at SCHED_FIFO priority 7" in log, log
+        assert _fifo_threads(proc.pid) == [7]
+    else:
+        assert "realtime_priority=7 not applied to flashrt-control" in log, log
+        assert _fifo_threads(proc.pid) == []
+    assert c.call("checkpoint", name="rt").success
+    assert "rt" in [cap.name for cap in c.call("list_capsules").capsules]
+    n = len(c.commands)
+    stream(c, 0.3, 100.0)
+    assert len(c.commands) > n  # still stepping after the requests

@@ -6,8 +6,9 @@ to cleanup (main.py: after the autostart transitions) the inputs' loop (inputs.p
 `flashrt-inputs`) takes the goal and, in observation mode, the images and joint_states (each
 joint_states a step, on that thread); the timer trigger runs its own thread (`flashrt-control`,
 loop.py), which takes joint_states and the images itself at the top of each tick and publishes
-/diagnostics in its slack. The services run on a node, a loop and a thread of their own (host.py,
-main.py). A rollout steps on a thread of its own (services.py). Every Engine call holds the
+/diagnostics in its slack. The services run on a node and a loop of their own (host.py, main.py),
+served by a thread of their own, or, while the timer loop runs, by the control thread between
+two ticks. A rollout steps on a thread of its own (services.py). Every Engine call holds the
 engine lock (loop.EngineLock), so a service request always lands between two steps; the control
 tick goes first, and a rollout steps only where no tick is due.
 
@@ -41,7 +42,7 @@ from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.loop import SPIN_S, TimerLoop
+from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_realtime
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
@@ -184,7 +185,7 @@ class FlashrtNode(LifecycleNode):
         stepping = None if timer else self._js_sub
         self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping)
         if not self.defer_inputs:
-            self._inputs.start()
+            self._start_inputs()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
@@ -240,9 +241,13 @@ class FlashrtNode(LifecycleNode):
                 self._on_tick_error,
                 lock=self.control.lock,
                 idle=self.diagnostics.idle,  # /diagnostics in the control thread's slack
+                # the services are answered by the control thread between ticks (host.py)
+                serving=self.service_host.lent,
+                wake=self.service_host.wake,
             )
             self.diagnostics.by_loop = True
             self._loop.start()
+            self._realtime(self._loop.thread)
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
 
@@ -274,7 +279,25 @@ class FlashrtNode(LifecycleNode):
     def start_inputs(self) -> None:
         """Start the inputs' loop of a configured node, if it does not run yet."""
         if self._inputs is not None and not self._inputs.running:
-            self._inputs.start()
+            self._start_inputs()
+
+    def _start_inputs(self) -> None:
+        self._inputs.start()
+        if self.cfg.trigger == "observation":  # its thread steps
+            self._realtime(self._inputs.thread)
+
+    def _realtime(self, thread) -> None:
+        """The stepping thread at `realtime_priority` (0: left as it is)."""
+        prio = self.cfg.realtime_priority
+        if prio <= 0 or thread is None:
+            return
+        why = set_realtime(thread, prio)
+        if why:
+            self.get_logger().warning(
+                f"realtime_priority={prio} not applied to {thread.name}: {why}; normal scheduling"
+            )
+        else:
+            self.get_logger().info(f"{thread.name} runs at SCHED_FIFO priority {prio}")
 
     def stop_threads(self) -> None:
         """The control loop and the inputs' loop end (main.py, at exit): nothing steps after."""

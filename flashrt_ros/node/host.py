@@ -22,11 +22,23 @@ rclpy.task.Future; it is resumed whenever the loop wakes, and the thread that co
 future wakes it through a guard condition of this host (services.py: rollouts; flight_services:
 dumps), so other requests are served meanwhile. A handler that raises gets no reply (as with
 rclpy's executor) and is logged; the loop goes on serving.
+
+Lent to the control thread: while the timer loop runs, its own thread serves the requests in
+the slack between two ticks (`lent()`; loop.TimerLoop), and this host's thread stays stopped.
+Two Python threads that both wake up often hand the GIL to each other at every wake-up, and a
+request waited for the control thread's Python (and the tick for the request's) each time: on
+the 2-core CPU machine a ListCapsules round trip went from 365 us p50 with the node idle to 441
+us with the timer loop at 500 Hz, 540 us in observation mode (bench/service_contention.py).
+The thread that steps is now the one that serves, so neither waits for the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -57,9 +69,14 @@ class ServiceHost(WaitLoop):
         self._services: list = []
         self._guards: list = []
         self._parked: list = []  # (coroutine, service, header) awaiting a future
+        self._hand = threading.Lock()  # who serves: this host's thread, or a borrower's
+        self._wanted = False  # start() was called: the thread serves when no one borrows
+        self._lent = False
+        self._woke = 0.0  # when the last wait returned (lent(): the time spent handling)
 
     def _not_serving(self, what: str) -> None:
-        if self._thread is not None:  # the loop's wait set is built once, when it starts
+        # the wait set is built once, when the loop starts (on its thread or a borrower's)
+        if self._thread is not None or self._lent:
             raise RuntimeError(f"{what} created after the service loop started: never waited on")
 
     def create_service(self, srv_type, name: str, callback, callback_group=None):
@@ -82,11 +99,60 @@ class ServiceHost(WaitLoop):
         self._guards.append(gc)
         return gc
 
+    # -- who serves --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve on this host's thread, now or when the borrower gives the serving back."""
+        with self._hand:
+            self._wanted = True
+            if not self._lent:
+                super().start()
+
+    def stop(self, timeout: float = 1.0) -> bool:
+        with self._hand:
+            self._wanted = False
+            return super().stop(timeout)
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[Callable[[float], float] | None]:
+        """Serve from the calling thread for the duration: yields `serve(timeout_s)`, which
+        waits up to `timeout_s` for requests (a wake() ends it early), handles what came and
+        returns the seconds spent handling (it only sleeps until start() is called). This host's
+        thread is stopped meanwhile and started again after, if it was wanted. Yields None
+        (nothing lent) when the thread is still busy with a handler after a second, or when
+        someone else borrows already."""
+        with self._hand:
+            if self._lent or not super().stop(timeout=1.0):
+                yield None
+                return
+            self._lent = True
+        try:
+            with self.waiting() as wait:
+
+                def serve(timeout_s: float) -> float:
+                    if not self._wanted:  # main.py starts the serving after the autostart
+                        time.sleep(timeout_s)
+                        return 0.0
+                    wait(max(int(timeout_s * 1e9), 0))
+                    return time.perf_counter() - self._woke
+
+                yield serve
+        finally:
+            with self._hand:
+                self._lent = False
+                if self._wanted:
+                    super().start()
+
+    def wake(self) -> None:
+        """End the current wait (of this host's thread or a borrower's) now."""
+        with contextlib.suppress(Exception):  # destroyed: nobody waits any more
+            self._stop_guard.trigger()
+
     # -- the loop --------------------------------------------------------------------------------
     def _entities(self) -> tuple[list, list, list]:
         return [], list(self._guards), list(self._services)
 
     def _on_ready(self, ws) -> None:
+        self._woke = time.perf_counter()
         ready = ws.get_ready_entities("guard_condition")
         if ready:
             for gc in self._guards:

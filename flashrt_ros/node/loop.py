@@ -4,6 +4,7 @@ engine lock that lets it go first."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,9 @@ from flashrt_ros.errors import CapacityError
 # stayed at 0.2 us.
 SPIN_S = 0.0002
 PR_SET_TIMERSLACK = 29
+# Requests are served on the control thread only while this much (or what the recent ones took,
+# if more) is left before the final spin: one that came later is answered after the tick.
+RESERVE_S = 0.0002
 
 
 def precise_sleeps() -> bool:
@@ -30,6 +34,21 @@ def precise_sleeps() -> bool:
         return libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux, or no prctl
         return False
+
+
+def set_realtime(thread: threading.Thread | None, priority: int) -> str:
+    """Give a started thread SCHED_FIFO at `priority` (the `realtime_priority` parameter):
+    "" when done, else why not (no permission, not Linux). A FIFO thread runs before any
+    normally scheduled one the moment it wakes, so another process's thread cannot delay a
+    tick; the kernel's real-time throttling still leaves the others 5 % of each CPU."""
+    tid = getattr(thread, "native_id", None)
+    if not hasattr(os, "SCHED_FIFO") or tid is None:
+        return "SCHED_FIFO is not available here"
+    try:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError as e:
+        return f"{e.strerror} (needs CAP_SYS_NICE or `ulimit -r` >= {priority})"
+    return ""
 
 
 class EngineLock:
@@ -142,6 +161,13 @@ class TimerLoop:
     deadline (more than the final spin): periodic side work (/diagnostics) done by this thread
     in its slack, rather than by another thread that may hold the GIL when a tick is due. It
     decides itself whether the room left is enough for it; an exception goes to `on_error`.
+
+    `serving()`, when given, is a context manager (host.ServiceHost.lent) entered on this
+    thread for as long as the loop runs; it yields `serve(timeout_s) -> seconds handling`, or
+    None. The loop then waits for its deadlines in `serve`, so requests are answered by this
+    thread between two ticks, never while one is due: it serves only while more than the final
+    spin plus the recent handling time (at least RESERVE_S) is left, and a request that comes
+    later waits for the tick. `wake()` ends such a wait early (stop()).
     """
 
     def __init__(
@@ -152,6 +178,8 @@ class TimerLoop:
         on_error: Callable,
         lock: EngineLock | None = None,
         idle: Callable[[float], None] | None = None,
+        serving: Callable[[], contextlib.AbstractContextManager] | None = None,
+        wake: Callable[[], None] | None = None,
     ):
         self.period = 1.0 / rate_hz
         self.lock = lock  # told each next deadline, so background work can stay clear of it
@@ -159,6 +187,8 @@ class TimerLoop:
         self.on_timing = on_timing  # (jitter_s, overruns, tick_s) after each tick
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self.idle = idle  # idle(next deadline) after a tick with time to spare
+        self.serving, self.wake = serving, wake
+        self.served = 0  # wake-ups that handled something on this thread (tests, diagnostics)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -169,6 +199,8 @@ class TimerLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.wake is not None:
+            self.wake()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
@@ -179,17 +211,54 @@ class TimerLoop:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
     def _run(self) -> None:
         precise_sleeps()
+        with self.serving() if self.serving is not None else contextlib.nullcontext() as serve:
+            self._loop(serve)
+
+    def _wait(self, deadline: float, serve, reserve: float) -> tuple[bool, float]:
+        """Until the final spin before `deadline`, serving while `reserve` is left (or, when
+        no tick left that much for PATIENCE periods, whatever is left: late, never starved):
+        (stopped, the longest handling seen, 0 if none)."""
+        handled, patience = 0.0, EngineLock.PATIENCE * self.period
+        while (left := deadline - SPIN_S - time.monotonic()) > 0:
+            roomy = serve is not None and left > reserve
+            starved = serve is not None and deadline - self._window > patience
+            if roomy or starved:
+                self._window = deadline  # starved: one look, then PATIENCE periods again
+                took = serve(left - reserve if roomy else 0.0)
+                if took > 2e-5:  # more than an empty wake-up: a request, a resumed handler
+                    handled = max(handled, took)
+                    self.served += 1
+                if self._stop.is_set():
+                    return True, handled
+            elif self._stop.wait(left):
+                return True, handled
+        return self._stop.is_set(), handled
+
+    def _loop(self, serve) -> None:
         deadline = time.monotonic() + self.period
-        lock, tick_s = self.lock, 0.0
+        lock, tick_s, reserve = self.lock, 0.0, RESERVE_S
+        self._window = deadline  # the last deadline that left room to serve
         if lock is not None:
             lock.schedule(deadline, self.period)
         while not self._stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining > SPIN_S:
-                if self._stop.wait(remaining - SPIN_S):
-                    break
+            try:
+                stopped, handled = self._wait(deadline, serve, reserve)
+            except Exception as e:  # the context went away under the wait: plain waits now
+                serve = None
+                if not self._stop.is_set():
+                    self.on_error(e)
+                continue
+            if stopped:
+                break
+            if handled:  # the reserve follows what requests took: at least RESERVE_S, at most
+                # half a period (beyond that, PATIENCE decides)
+                reserve = min(max(RESERVE_S, 0.7 * reserve + 0.3 * handled), self.period / 2)
             while time.monotonic() < deadline:
                 pass
             start = time.monotonic()

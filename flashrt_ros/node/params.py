@@ -632,6 +632,17 @@ NODE_PARAMS = ParamTable(
             live=True,
         ),
         Param(
+            "realtime_priority",
+            0,
+            "integer",
+            "SCHED_FIFO priority of the thread that steps (the control thread in timer mode, "
+            "the inputs' thread in observation mode), so no other process delays a tick; "
+            "needs CAP_SYS_NICE or an rtprio limit, else a warning and normal scheduling "
+            "(0 = normal scheduling)",
+            lo=0,
+            hi=99,
+        ),
+        Param(
             "capsule_slots",
             16,
             "integer",

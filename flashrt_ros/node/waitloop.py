@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 
 from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
@@ -44,6 +45,10 @@ class WaitLoop:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
 
     def start(self) -> None:
         """Run the loop on a thread of its own (`thread_name`) until stop()."""
@@ -76,20 +81,32 @@ class WaitLoop:
     def run(self) -> None:
         """The loop; returns once stop() is called or the context is shut down."""
         try:
-            self._wait_loop(self.context)
+            self._wait_loop()
         except Exception as e:  # the context went away under the wait: ending anyway
             if not self.stopping():
                 self.log.error(f"{self.thread_name} stopped: {type(e).__name__}: {e}")
 
-    def _wait_loop(self, ctx) -> None:
+    def _wait_loop(self) -> None:
+        with self.waiting() as wait:
+            while not self.stopping():
+                wait(WAKE_NS, self.stopping)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[Callable[..., None]]:
+        """Hold the entities and a wait set over them; yields `wait(timeout_ns, stop=None)`,
+        which waits once and handles what is ready (unless `stop()` says so by then). Used by
+        this loop's own thread, or by another that serves in its place (host.ServiceHost.lent);
+        the wait set is one thread's at a time."""
         subs, guards, services = self._entities()
         guards = [*guards, self._stop_guard]
+        ctx = self.context
         ws = _rclpy.WaitSet(len(subs), len(guards), 0, 0, len(services), 0, ctx.handle)
         with contextlib.ExitStack() as held:  # nothing waited on is destroyed under the wait
             for entity in (*subs, *guards, *services):
                 held.enter_context(entity.handle)
             held.enter_context(ctx.handle)
-            while not self.stopping():
+
+            def wait(timeout_ns: int, stop: Callable[[], bool] | None = None) -> None:
                 ws.clear_entities()
                 for sub in subs:
                     ws.add_subscription(sub.handle)
@@ -97,7 +114,8 @@ class WaitLoop:
                     ws.add_guard_condition(gc.handle)
                 for srv in services:
                     ws.add_service(srv.handle)
-                ws.wait(WAKE_NS)
-                if self.stopping():
-                    return
-                self._on_ready(ws)
+                ws.wait(timeout_ns)  # the GIL is free meanwhile
+                if stop is None or not stop():
+                    self._on_ready(ws)
+
+            yield wait

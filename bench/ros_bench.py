@@ -318,6 +318,8 @@ def start_node(ros, params: dict, timeout: float):
 
 def node_params(args, **extra) -> dict:
     p = {"device": args.device, "policy": args.policy, "obs_timeout_s": 0.5}
+    if args.realtime_priority:
+        p["realtime_priority"] = args.realtime_priority
     p.update(extra)
     return p
 
@@ -1014,7 +1016,8 @@ def run_floor_service(ros, args, n: int, log_dir: Path) -> dict:
 def run_floor_timer(ros, args, rate: float, seconds: float, log_dir: Path) -> dict:
     from bench.ros_floors import floor_summary, launch_floor
 
-    proc = launch_floor(ros, "timer", str(rate), log_dir=log_dir)
+    prio = [str(args.realtime_priority)] if args.realtime_priority else []
+    proc = launch_floor(ros, "timer", str(rate), *prio, log_dir=log_dir)
     cl = Client(ros, proc)
     try:
         if not cl.spin_until(lambda: len(cl.cmd_cb) > 0 or not proc.alive(), 30.0) or not (
@@ -1167,6 +1170,13 @@ def main() -> int:
     ap.add_argument("--obs-samples", type=int, default=None, help="lockstep (2000; quick 200)")
     ap.add_argument("--service-calls", type=int, default=None, help="per service (200; quick 30)")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
+    ap.add_argument(
+        "--realtime-priority",
+        type=int,
+        default=0,
+        help="the node's realtime_priority parameter, and the same SCHED_FIFO priority for the "
+        "timer floor's thread (0 = normal scheduling for both)",
+    )
     ap.add_argument(
         "--publish-offset",
         type=float,

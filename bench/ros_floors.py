@@ -8,9 +8,11 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
                                              #   of the positions, depth 10)
     python bench/ros_floors.py service       # ~/list_capsules (flashrt_ros/ListCapsules), answers
                                              #   with an empty response at once
-    python bench/ros_floors.py timer RATE    # a thread with absolute deadlines and the node's
-                                             #   sleep-then-spin wait (flashrt_ros/node/loop.py
-                                             #   TimerLoop) publishing commands, no work
+    python bench/ros_floors.py timer RATE [PRIO]  # a thread with absolute deadlines and the
+                                             #   node's sleep-then-spin wait (flashrt_ros/node/
+                                             #   loop.py TimerLoop) publishing commands, no work;
+                                             #   PRIO: SCHED_FIFO priority, as the node's
+                                             #   realtime_priority
     python bench/ros_floors.py image         # image_raw (sensor_msgs/Image) -> image_echo, the
                                              #   same message object published back as-is
 
@@ -119,7 +121,7 @@ def _timer_thread(node, pub, rate: float, stop: threading.Event, stats: dict) ->
     )
 
 
-def floor_main(kind: str, rate: float | None) -> int:
+def floor_main(kind: str, rate: float | None, priority: int = 0) -> int:
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
@@ -173,6 +175,11 @@ def floor_main(kind: str, rate: float | None) -> int:
     print(f"ros_floors: {kind} up (pid {os.getpid()})", flush=True)
     if thread is not None:
         thread.start()
+        if priority > 0:  # as the node's realtime_priority does for its control thread
+            from flashrt_ros.node.loop import set_realtime
+
+            why = set_realtime(thread, priority)
+            stats["realtime_priority"] = priority if not why else f"not applied: {why}"
     try:
         while not stop.is_set():
             ex.spin_once(timeout_sec=0.05)
@@ -193,4 +200,5 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
-    sys.exit(floor_main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None))
+    rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    sys.exit(floor_main(sys.argv[1], rate, int(sys.argv[3]) if len(sys.argv) > 3 else 0))

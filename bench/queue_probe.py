@@ -1,0 +1,105 @@
+"""Where a queue tick's host time goes (issue: queue-tick p99 within 1.25x of p50): the phases
+of Engine._tick timed apart, per tick kind, for one policy. No ROS; CUDA.
+
+    python3 bench/queue_probe.py [--spec builtin:diffusion] [--size lerobot] [--ticks 400]
+        [--no-fuse] [--out FILE]
+
+Phases: "check" (check_dict of the observation), "stage" (the host memcpy of each input into its
+pinned buffer), "replay" (launching the kind's graph), "wait" (until the device is done), and
+"step" (Engine.step as a whole, timed on other ticks of the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.policies_bench import observations  # noqa: E402
+from flashrt_ros import Engine, load_policy  # noqa: E402
+
+
+def pct(a: list[float]) -> dict:
+    x = np.array(a)
+    return {
+        "n": len(a),
+        "p50_us": round(float(np.percentile(x, 50)), 1),
+        "p99_us": round(float(np.percentile(x, 99)), 1),
+        "ratio": round(float(np.percentile(x, 99) / max(np.percentile(x, 50), 1e-9)), 2),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="builtin:diffusion")
+    ap.add_argument("--size", default="lerobot")
+    ap.add_argument("--steps", type=int, default=10, help="num_inference_steps (diffusion)")
+    ap.add_argument("--ticks", type=int, default=400)
+    ap.add_argument("--no-fuse", action="store_true")
+    ap.add_argument("--fresh", action="store_true", help="a new copy of the images each tick")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    over = {"size": a.size}
+    if "diffusion" in a.spec:
+        over["num_inference_steps"] = a.steps
+    eng = Engine(load_policy(a.spec, **over), device=a.device, fuse=not a.no_fuse)
+    obs = observations(eng, 64)
+    s = eng.session("main")
+    phases: dict[str, dict[str, list[float]]] = {}
+    whole: dict[str, list[float]] = {}
+    gc.collect()
+    gc.freeze()
+    for i in range(a.ticks):
+        o = obs[i % len(obs)]
+        if a.fresh:
+            o = {k: v.copy() for k, v in o.items()}
+        kind = eng.next_tick_kind()
+        if i % 2:
+            t0 = time.perf_counter()
+            eng.step(o)
+            whole.setdefault(kind, []).append((time.perf_counter() - t0) * 1e6)
+            continue
+        k = eng.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
+        t = [time.perf_counter()]
+        x = eng._obs(o)
+        t.append(time.perf_counter())
+        for n in s.tick_names[k]:
+            s.inputs.stage(n, x[n])
+        t.append(time.perf_counter())
+        s.plans[k].replay()
+        t.append(time.perf_counter())
+        if eng._stream is not None:
+            eng._wait()
+        t.append(time.perf_counter())
+        s.steps += 1
+        ph = phases.setdefault(kind, {})
+        for name, t0, t1 in zip(("check", "stage", "replay", "wait"), t, t[1:], strict=False):
+            ph.setdefault(name, []).append((t1 - t0) * 1e6)
+    gc.unfreeze()
+    out = {
+        "spec": a.spec,
+        "size": a.size,
+        "fuse": not a.no_fuse,
+        "fresh_images": a.fresh,
+        "io_in_graph": s.io_in_graph,
+        "inputs": {n: list(v.shape) for n, v in s.inputs.np.items()},
+        "step": {k: pct(v[2:]) for k, v in whole.items()},
+        "phases": {k: {n: pct(v[2:]) for n, v in ph.items()} for k, ph in phases.items()},
+    }
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -283,6 +283,10 @@ def diag_numbers(d: dict) -> dict:
         "stale_ticks",
         "service_p50_us",
         "service_p99_us",
+        "service_queue_p50_us",
+        "service_queue_p99_us",
+        "service_reply_p50_us",
+        "service_lock_wait_p50_us",
         "device",
         "state",
     ):
@@ -557,6 +561,11 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
     out = {
         "node_handler_p50_us": nd.get("service_p50_us"),
         "node_handler_p99_us": nd.get("service_p99_us"),
+        # reception to take (waiting for the serving thread), and sending the reply
+        "node_queue_p50_us": nd.get("service_queue_p50_us"),
+        "node_queue_p99_us": nd.get("service_queue_p99_us"),
+        "node_reply_p50_us": nd.get("service_reply_p50_us"),
+        "node_lock_wait_p50_us": nd.get("service_lock_wait_p50_us"),
         "calls": n,
         "failures": len(fails),
         "first_failures": fails[:3],

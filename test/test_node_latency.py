@@ -104,3 +104,7 @@ def test_services_keep_their_names_and_commit_boundaries(ros) -> None:
     assert r.capsule.id in [c.id for c in cli.call("list_capsules").capsules]
     diag = cli.latest_diag()
     assert "service_lock_wait_p99_us" in diag and "service_p50_us" in diag
+    # where a round trip went: waiting for its take (from the middleware's reception stamp),
+    # and sending the reply; both measured, both well under the test's timeouts
+    queued, reply = float(diag["service_queue_p50_us"]), float(diag["service_reply_p50_us"])
+    assert 0.0 < queued < 1e6 and 0.0 < reply < 1e6, diag

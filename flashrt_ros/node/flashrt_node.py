@@ -81,6 +81,7 @@ class FlashrtNode(LifecycleNode):
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
+        self.service_host.on_served = self._served
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
         self.diagnostics = Diagnostics(
@@ -466,6 +467,11 @@ class FlashrtNode(LifecycleNode):
             if self._latest_obs is obs:
                 self._latest_obs = None
 
+    def _served(self, queued_s: float, reply_s: float) -> None:
+        with self.stats.lock:
+            self.stats.service_queue_us.add(queued_s * 1e6)
+            self.stats.service_reply_us.add(reply_s * 1e6)
+
     def _on_tick_error(self, e: Exception) -> None:
         if not self.context.ok():  # shutting down (Ctrl-C): the loop is about to stop
             return
@@ -509,6 +515,9 @@ class FlashrtNode(LifecycleNode):
             "service_p99_us": f"{sn['service_p99_us']:.1f}",
             "service_lock_wait_p50_us": f"{sn['lock_wait_p50_us']:.1f}",
             "service_lock_wait_p99_us": f"{sn['lock_wait_p99_us']:.1f}",
+            "service_queue_p50_us": f"{sn['service_queue_p50_us']:.1f}",
+            "service_queue_p99_us": f"{sn['service_queue_p99_us']:.1f}",
+            "service_reply_p50_us": f"{sn['service_reply_p50_us']:.1f}",
             "step_errors": str(sn["step_errors"]),
             "last_error": sn["last_error"],
             "faults": str(sn["faults"]),

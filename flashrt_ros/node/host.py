@@ -73,6 +73,9 @@ class ServiceHost(WaitLoop):
         self._wanted = False  # start() was called: the thread serves when no one borrows
         self._lent = False
         self._woke = 0.0  # when the last wait returned (lent(): the time spent handling)
+        # on_served(queued_s, reply_s) after each reply: how long the request waited in the
+        # middleware before its take (from its reception stamp), how long the reply took to send
+        self.on_served: Callable[[float, float], None] | None = None
 
     def _not_serving(self, what: str) -> None:
         # the wait set is built once, when the loop starts (on its thread or a borrower's)
@@ -181,6 +184,7 @@ class ServiceHost(WaitLoop):
                 return
             if header is None:
                 return
+            taken = time.time_ns()
             try:
                 result = srv.callback(request, srv.srv_type.Response())
             except Exception as e:
@@ -188,8 +192,13 @@ class ServiceHost(WaitLoop):
                 continue
             if inspect.iscoroutine(result):
                 self._run(result, srv, header)
-            else:
-                self._reply(srv, result, header)
+                continue
+            t0 = time.perf_counter()
+            self._reply(srv, result, header)
+            if self.on_served is not None:
+                received = getattr(header, "received_timestamp", 0)  # 0: not stamped
+                queued = (taken - received) * 1e-9 if received > 0 else 0.0
+                self.on_served(queued, time.perf_counter() - t0)
 
     def _run(self, coro, srv, header) -> None:
         """Resume an `async def` handler: reply when it returns, park it while it awaits."""

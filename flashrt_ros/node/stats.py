@@ -66,6 +66,10 @@ class LoopStats:
         self.tick_times = Ring(8192)  # monotonic times of recent steps
         self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
         self.lock_wait_us = Ring(512)  # of that, waiting for the engine lock
+        # from the middleware's reception of a request to its take (host.py): the time it
+        # waited for the serving thread (a tick in progress, the GIL, a request before it)
+        self.service_queue_us = Ring(512)
+        self.service_reply_us = Ring(512)  # sending the reply (serialization, the write)
 
     def add_fault(self, text: str, step_error: bool = False) -> None:
         with self.lock:
@@ -81,7 +85,14 @@ class LoopStats:
         with self.lock:
             rings = {
                 k: getattr(self, k).values().copy()
-                for k in ("step_us", "jitter_us", "service_us", "lock_wait_us")
+                for k in (
+                    "step_us",
+                    "jitter_us",
+                    "service_us",
+                    "lock_wait_us",
+                    "service_queue_us",
+                    "service_reply_us",
+                )
             }
             times = self.tick_times.values().copy()
             counts = {
@@ -106,6 +117,7 @@ class LoopStats:
         step50, step99 = percentiles(rings["step_us"], (50, 99))
         svc50, svc99 = percentiles(rings["service_us"], (50, 99))
         wait50, wait99 = percentiles(rings["lock_wait_us"], (50, 99))
+        queue50, queue99 = percentiles(rings["service_queue_us"], (50, 99))
         return {
             **counts,
             "rate_hz": float(np.count_nonzero(now - times <= 2.0)) / 2.0,
@@ -116,5 +128,8 @@ class LoopStats:
             "service_p99_us": svc99,
             "lock_wait_p50_us": wait50,
             "lock_wait_p99_us": wait99,
+            "service_queue_p50_us": queue50,
+            "service_queue_p99_us": queue99,
+            "service_reply_p50_us": percentiles(rings["service_reply_us"], (50,))[0],
             "new_faults": new_faults,
         }

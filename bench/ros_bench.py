@@ -1212,10 +1212,11 @@ def main() -> int:
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
         "--only",
-        choices=("camera", "timer"),
+        choices=("camera", "timer", "services"),
         default=None,
         help="run only this scenario, with its floors unless --no-floors (camera: the image "
-        "echo; timer: the --rates rows, without services, and the timer floors)",
+        "echo; timer: the --rates rows, without services, and the timer floors; services: the "
+        "500 Hz row with its service round trips, and the service floor)",
     )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
@@ -1281,9 +1282,11 @@ def main() -> int:
                     starts[label] = r
 
     svc_rate = 500.0 if 500.0 in rates else rates[0]
-    for rate in rates if full or args.only == "timer" else []:
+    timed = rates if full or args.only == "timer" else [svc_rate] if args.only == "services" else []
+    for rate in timed:
         secs = args.seconds_1khz if rate == 1000.0 else args.seconds
-        r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, full and rate == svc_rate)
+        with_svc = (full or args.only == "services") and rate == svc_rate
+        r = attempt(f"timer {rate:g} Hz", run_timer, args, rate, secs, with_svc)
         if r is not None:
             rows.append(r[0])
             svc = r[1] or svc
@@ -1321,7 +1324,11 @@ def main() -> int:
             if (
                 not full
                 and key
-                not in {"camera": ("image_echo",), "timer": ("timer_500", "timer_1000")}[args.only]
+                not in {
+                    "camera": ("image_echo",),
+                    "timer": ("timer_500", "timer_1000"),
+                    "services": ("service",),
+                }[args.only]
             ):
                 continue
             r = attempt(f"floor {key}", fn, *a)

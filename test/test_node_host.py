@@ -230,7 +230,6 @@ def test_a_running_timer_loop_serves_between_its_ticks_and_hands_back(ros, owner
             ros.call(ls, ListCapsules.Request())
         assert host._thread is None and host._lent  # the host's own thread is stopped
         assert served == [("flashrt-control", False)] * 20  # by the loop, between ticks
-        assert loop.served >= 20
         n = len(ticks)
         time.sleep(0.1)
         assert len(ticks) >= n + 10 and not [t for t in ticks if isinstance(t, tuple)]
@@ -249,14 +248,20 @@ def test_a_running_timer_loop_serves_between_its_ticks_and_hands_back(ros, owner
     host.destroy()
 
 
-def test_ticks_that_leave_no_room_still_let_requests_through(ros, owner):
-    """A tick that takes nearly its whole period never leaves the reserve free: the loop still
-    looks for requests every few periods (late, never starved), and the ticks go on."""
+def test_ticks_that_leave_little_room_still_let_requests_through(ros, owner):
+    """Ticks that take nearly their whole period leave ~100 us before the final spin: the
+    requests are answered in those gaps, on the control thread, and the ticks go on."""
     from flashrt_ros.node.host import ServiceHost
     from flashrt_ros.srv import ListCapsules
 
     host = ServiceHost(owner)
-    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    by: list[str] = []
+
+    def list_capsules(req, resp):
+        by.append(threading.current_thread().name)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
     host.start()
     period = 1.0 / 200.0
     ticks: list = []
@@ -272,7 +277,7 @@ def test_ticks_that_leave_no_room_still_let_requests_through(ros, owner):
         ls = ros.client(ListCapsules, "/flashrt/list_capsules")
         for _ in range(5):
             ros.call(ls, ListCapsules.Request(), timeout=10.0)
-        assert loop.served >= 5 and host._lent
+        assert by == ["flashrt-control"] * 5 and host._lent
         n = len(ticks)
         time.sleep(0.1)
         assert len(ticks) > n + 5  # still ticking
@@ -288,7 +293,13 @@ def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
     from flashrt_ros.srv import ListCapsules
 
     host = ServiceHost(owner)
-    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    by: list[str] = []
+
+    def list_capsules(req, resp):
+        by.append(threading.current_thread().name)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
     ticks: list = []
     loop = _lend_to_loop(host, 200.0, lambda d: None, ticks)
     try:
@@ -296,12 +307,12 @@ def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
         assert ls.wait_for_service(timeout_sec=10.0)
         early = ls.call_async(ListCapsules.Request())
         ros.spin_for(0.3)
-        assert not early.done() and loop.served == 0
+        assert not early.done() and by == []
         with host.lent() as second:
             assert second is None
         host.start()  # the borrower serves now; the host's thread stays stopped
         assert ros.spin_until(early.done, 10.0)
-        assert host._thread is None and loop.served >= 1
+        assert host._thread is None and by == ["flashrt-control"]
     finally:
         loop.stop()
     assert host._thread is not None  # wanted: handed back to the host's thread

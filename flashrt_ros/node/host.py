@@ -72,7 +72,6 @@ class ServiceHost(WaitLoop):
         self._hand = threading.Lock()  # who serves: this host's thread, or a borrower's
         self._wanted = False  # start() was called: the thread serves when no one borrows
         self._lent = False
-        self._woke = 0.0  # when the last wait returned (lent(): the time spent handling)
         # on_served(queued_s, reply_s) after each reply: how long the request waited in the
         # middleware before its take (from its reception stamp), how long the reply took to send
         self.on_served: Callable[[float, float], None] | None = None
@@ -116,10 +115,10 @@ class ServiceHost(WaitLoop):
             return super().stop(timeout)
 
     @contextlib.contextmanager
-    def lent(self) -> Iterator[Callable[[float], float] | None]:
+    def lent(self) -> Iterator[Callable[[float], None] | None]:
         """Serve from the calling thread for the duration: yields `serve(timeout_s)`, which
-        waits up to `timeout_s` for requests (a wake() ends it early), handles what came and
-        returns the seconds spent handling (it only sleeps until start() is called). This host's
+        waits up to `timeout_s` for requests (a wake() ends it early) and handles what came
+        (it only sleeps until start() is called). This host's
         thread is stopped meanwhile and started again after, if it was wanted. Yields None
         (nothing lent) when the thread is still busy with a handler after a second, or when
         someone else borrows already."""
@@ -131,12 +130,11 @@ class ServiceHost(WaitLoop):
         try:
             with self.waiting() as wait:
 
-                def serve(timeout_s: float) -> float:
+                def serve(timeout_s: float) -> None:
                     if not self._wanted:  # main.py starts the serving after the autostart
                         time.sleep(timeout_s)
-                        return 0.0
+                        return
                     wait(max(int(timeout_s * 1e9), 0))
-                    return time.perf_counter() - self._woke
 
                 yield serve
         finally:
@@ -155,7 +153,6 @@ class ServiceHost(WaitLoop):
         return [], list(self._guards), list(self._services)
 
     def _on_ready(self, ws) -> None:
-        self._woke = time.perf_counter()
         ready = ws.get_ready_entities("guard_condition")
         if ready:
             for gc in self._guards:

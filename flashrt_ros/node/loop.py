@@ -20,9 +20,6 @@ from flashrt_ros.errors import CapacityError
 # stayed at 0.2 us.
 SPIN_S = 0.0002
 PR_SET_TIMERSLACK = 29
-# Requests are served on the control thread only while this much (or what the recent ones took,
-# if more) is left before the final spin: one that came later is answered after the tick.
-RESERVE_S = 0.0002
 
 
 def precise_sleeps() -> bool:
@@ -163,11 +160,12 @@ class TimerLoop:
     decides itself whether the room left is enough for it; an exception goes to `on_error`.
 
     `serving()`, when given, is a context manager (host.ServiceHost.lent) entered on this
-    thread for as long as the loop runs; it yields `serve(timeout_s) -> seconds handling`, or
-    None. The loop then waits for its deadlines in `serve`, so requests are answered by this
-    thread between two ticks, never while one is due: it serves only while more than the final
-    spin plus the recent handling time (at least RESERVE_S) is left, and a request that comes
-    later waits for the tick. `wake()` ends such a wait early (stop()).
+    thread for as long as the loop runs; it yields `serve(timeout_s)`, or None. The loop then
+    waits for its deadlines in `serve`, so requests are answered by this thread between two
+    ticks: until the final spin before a deadline, and a request that comes later waits for
+    the tick. A request taken just before the spin may delay the tick by its
+    handling time, as a request holding the engine lock did when a thread of its own served it.
+    `wake()` ends such a wait early (stop()).
     """
 
     def __init__(
@@ -188,7 +186,6 @@ class TimerLoop:
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self.idle = idle  # idle(next deadline) after a tick with time to spare
         self.serving, self.wake = serving, wake
-        self.served = 0  # wake-ups that handled something on this thread (tests, diagnostics)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -220,45 +217,31 @@ class TimerLoop:
         with self.serving() if self.serving is not None else contextlib.nullcontext() as serve:
             self._loop(serve)
 
-    def _wait(self, deadline: float, serve, reserve: float) -> tuple[bool, float]:
-        """Until the final spin before `deadline`, serving while `reserve` is left (or, when
-        no tick left that much for PATIENCE periods, whatever is left: late, never starved):
-        (stopped, the longest handling seen, 0 if none)."""
-        handled, patience = 0.0, EngineLock.PATIENCE * self.period
+    def _wait(self, deadline: float, serve) -> bool:
+        """Until the final spin before `deadline`, serving meanwhile when lent the services;
+        True when stopped."""
         while (left := deadline - SPIN_S - time.monotonic()) > 0:
-            roomy = serve is not None and left > reserve
-            starved = serve is not None and deadline - self._window > patience
-            if roomy or starved:
-                self._window = deadline  # starved: one look, then PATIENCE periods again
-                took = serve(left - reserve if roomy else 0.0)
-                if took > 2e-5:  # more than an empty wake-up: a request, a resumed handler
-                    handled = max(handled, took)
-                    self.served += 1
-                if self._stop.is_set():
-                    return True, handled
-            elif self._stop.wait(left):
-                return True, handled
-        return self._stop.is_set(), handled
+            if serve is None:
+                return self._stop.wait(left)
+            serve(left)
+            if self._stop.is_set():
+                return True
+        return self._stop.is_set()
 
     def _loop(self, serve) -> None:
         deadline = time.monotonic() + self.period
-        lock, tick_s, reserve = self.lock, 0.0, RESERVE_S
-        self._window = deadline  # the last deadline that left room to serve
+        lock, tick_s = self.lock, 0.0
         if lock is not None:
             lock.schedule(deadline, self.period)
         while not self._stop.is_set():
             try:
-                stopped, handled = self._wait(deadline, serve, reserve)
+                if self._wait(deadline, serve):
+                    break
             except Exception as e:  # the context went away under the wait: plain waits now
                 serve = None
                 if not self._stop.is_set():
                     self.on_error(e)
                 continue
-            if stopped:
-                break
-            if handled:  # the reserve follows what requests took: at least RESERVE_S, at most
-                # half a period (beyond that, PATIENCE decides)
-                reserve = min(max(RESERVE_S, 0.7 * reserve + 0.3 * handled), self.period / 2)
             while time.monotonic() < deadline:
                 pass
             start = time.monotonic()

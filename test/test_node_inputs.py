@@ -154,7 +154,7 @@ def test_diagnostics_at_1hz_from_the_timer_loop_and_when_inactive(ros):
 def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ros):
     """Diagnostics (node/diagnostics.py) on a real node, its hooks called directly: the control
     thread's idle hook publishes once a second when the next deadline leaves room, or after
-    FORCE_S anyway; the executor's timer stands back while the control thread publishes."""
+    FORCE_S anyway; the executor's timer is cancelled while the control thread publishes."""
     import rclpy
 
     from flashrt_ros.node.diagnostics import Diagnostics
@@ -176,8 +176,7 @@ def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ro
         d.by_loop = True  # the timer loop runs
         d.on_timer()
         assert len(built) == 1  # the control thread publishes now
-        # ... and the executor only wakes as often as it may have to step in
-        assert d.timer.timer_period_ns == int((Diagnostics.FORCE_S + Diagnostics.EVERY_S) * 1e9)
+        assert d.timer.is_canceled()  # ... and the executor's timer never wakes it meanwhile
 
         def far() -> float:  # a next deadline with room
             return time.monotonic() + 0.5
@@ -197,10 +196,51 @@ def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ro
         d.last -= Diagnostics.FORCE_S
         d.idle(time.monotonic())  # no room for FORCE_S: published anyway
         assert len(built) == 3
-        d.last -= Diagnostics.FORCE_S + Diagnostics.EVERY_S
-        d.on_timer()  # the control thread has been silent too long: the executor steps in
-        assert len(built) == 4
         d.by_loop = False  # the timer loop stopped: the executor's timer is 1 Hz again
-        assert d.timer.timer_period_ns == 1_000_000_000
+        assert not d.timer.is_canceled() and d.timer.timer_period_ns == 1_000_000_000
+        d.on_timer()
+        assert len(built) == 4
     finally:
+        d.by_loop = False
+        node.destroy_node()
+
+
+def test_diagnostics_watchdog_steps_in_for_a_silent_control_thread(ros):
+    """While the control thread publishes, a watchdog thread (not the executor) publishes when
+    it has been silent for FORCE_S + EVERY_S (a tick stuck on something), and never while it
+    publishes on time; it ends when the loop stops."""
+    import threading
+
+    import rclpy
+
+    from flashrt_ros.node.diagnostics import Diagnostics
+    from flashrt_ros.node.loop import EngineLock
+
+    node = rclpy.create_node("flashrt_diag_watch", context=ros.context)
+    by: list[str] = []
+
+    def build() -> DiagnosticArray:
+        by.append(threading.current_thread().name)
+        return DiagnosticArray()
+
+    d = Diagnostics(node, build, EngineLock())
+    d.FORCE_S, d.EVERY_S = 0.1, 0.05  # the watchdog looks every 0.15 s
+    try:
+        d.by_loop = True
+        t_end = time.monotonic() + 0.6
+        while time.monotonic() < t_end:  # the control thread publishes on time
+            d.last = time.monotonic()
+            time.sleep(0.02)
+        assert by == []
+        deadline = time.monotonic() + 5.0
+        while not by and time.monotonic() < deadline:  # now it is silent
+            time.sleep(0.02)
+        assert by and set(by) == {"flashrt-diag-watch"}
+        d.by_loop = False
+        n = len(by)
+        d.last -= 10.0
+        time.sleep(0.4)
+        assert len(by) == n  # the watchdog has ended (the executor's timer is back)
+    finally:
+        d.by_loop = False
         node.destroy_node()

@@ -8,13 +8,19 @@ whenever that timer fired, also just before a control tick, which then waited fo
 thread publishes them itself, right after a tick, when the next deadline is further away than
 the publish takes (the median cost of the last few, plus a margin); if no such slack comes for
 FORCE_S, it publishes anyway, so diagnostics never stop. In every other state (inactive,
-observation trigger, unconfigured) the executor's timer publishes them, as before; it also
-steps in if the control thread has not published for FORCE_S + a second (a tick stuck on
-something), so they never stop either way.
+observation trigger, unconfigured) the executor's timer publishes them, as before.
+
+While the loop publishes, the executor's timer is cancelled: each wake-up of rclpy's executor
+holds the GIL for a few hundred microseconds (it rebuilds its wait set over the whole node),
+and at 1 kHz a wake-up every 4 s (the backup it was) still came before some of the 25-32
+overruns a minute on the H200 machine. A watchdog thread of our own (`flashrt-diag-watch`)
+steps in instead if the control thread has not published for FORCE_S + a second (a tick stuck
+on something): one clock read every few seconds, so diagnostics never stop either way.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,10 +41,7 @@ class Diagnostics:
         self, node, build: Callable[[], DiagnosticArray], lock: EngineLock, group=None
     ) -> None:
         self.pub = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        # The executor's timer. Each wake-up of rclpy's executor runs a few hundred microseconds
-        # of Python under the GIL (it rebuilds its wait set over the whole node), even when the
-        # callback then does nothing, so while the control thread publishes it only wakes as
-        # often as it may have to step in.
+        # The executor's timer, cancelled while the control thread publishes (see above)
         self.timer = node.create_timer(self.EVERY_S, self.on_timer, callback_group=group)
         self.build = build
         self.lock = lock  # the engine lock, which build() takes too
@@ -49,6 +52,7 @@ class Diagnostics:
         self.costs = deque([0.0003], maxlen=5)
         self.cost = 0.0003
         self._by_loop = False
+        self._watch_stop: threading.Event | None = None  # the watchdog's, while by_loop
 
     @property
     def by_loop(self) -> bool:
@@ -57,9 +61,32 @@ class Diagnostics:
 
     @by_loop.setter
     def by_loop(self, on: bool) -> None:
-        self._by_loop = bool(on)
-        period = self.FORCE_S + self.EVERY_S if on else self.EVERY_S
-        self.timer.timer_period_ns = int(period * 1e9)
+        on = bool(on)
+        if on == self._by_loop:
+            return
+        self._by_loop = on
+        if on:
+            self.timer.cancel()
+            self._watch_stop = stop = threading.Event()
+            threading.Thread(
+                target=self._watch, args=(stop,), name="flashrt-diag-watch", daemon=True
+            ).start()
+        else:
+            if self._watch_stop is not None:
+                self._watch_stop.set()
+                self._watch_stop = None
+            self.timer.reset()
+
+    def _watch(self, stop: threading.Event) -> None:
+        """While the control thread publishes: step in when it has not for a while."""
+        every = self.FORCE_S + self.EVERY_S
+        while not stop.wait(every):
+            if time.monotonic() - self.last >= every:
+                try:
+                    self.publish()
+                except Exception as e:  # the context is going away: the loop stops too
+                    if not stop.is_set():
+                        self.log.error(f"diagnostics publish failed: {type(e).__name__}: {e}")
 
     def publish(self) -> None:
         t0 = time.monotonic()
@@ -69,10 +96,9 @@ class Diagnostics:
         self.cost = sorted(self.costs)[len(self.costs) // 2]
 
     def on_timer(self) -> None:
-        """The executor's 1 Hz timer: publishes unless the control thread does."""
-        if self.by_loop and time.monotonic() - self.last < self.FORCE_S + self.EVERY_S:
-            return
-        self.publish()
+        """The executor's 1 Hz timer (cancelled while the control thread publishes)."""
+        if not self.by_loop:
+            self.publish()
 
     def idle(self, deadline: float) -> None:
         """TimerLoop's idle hook (control thread, after a tick, `deadline` the next tick's):

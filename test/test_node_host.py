@@ -185,6 +185,10 @@ def _lend_to_loop(host, rate_hz: float, tick, ticks: list):
         wake=host.wake,
     )
     loop.start()
+    t_end = time.monotonic() + 5.0
+    while not host._lent and time.monotonic() < t_end:  # the loop's thread borrows at its start
+        time.sleep(0.005)
+    assert host._lent
     return loop
 
 

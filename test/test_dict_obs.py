@@ -120,3 +120,41 @@ def test_the_vector_form_and_the_dict_form_serve_builtin_hybrid_alike():
     }
     with pytest.raises(BadRequest, match="unknown"):
         a.step({STATE: obs[0], TOP: img})
+
+
+def test_immutable_tells_arrays_over_bytes_from_arrays_that_can_change():
+    """What the staging may keep (runtime/inputs.py): only memory that is a bytes object, as a
+    camera message decoded in place (strided views and read-only memoryviews of it too)."""
+    import array
+
+    from flashrt_ros.runtime.inputs import immutable
+
+    raw = bytes(range(256)) * 12
+    over_bytes = np.frombuffer(raw, dtype=np.uint8)
+    assert immutable(over_bytes.reshape(16, 16, 12))
+    assert immutable(over_bytes.reshape(16, 192)[:, :150])  # padded rows: a strided view
+    assert immutable(np.frombuffer(memoryview(raw), dtype=np.uint8))
+    writable = bytearray(raw)
+    assert not immutable(np.frombuffer(writable, dtype=np.uint8))  # bytearray can change
+    assert not immutable(np.frombuffer(array.array("B", raw), dtype=np.uint8))  # rclpy's data
+    read_only = np.zeros(10, np.uint8)
+    read_only.flags.writeable = False  # a flag, not a promise: its owner may still write
+    assert not immutable(read_only) and not immutable(read_only[2:])
+
+
+def test_on_the_cpu_every_step_copies_its_images():
+    """On the CPU the step reads the staging buffer itself, which a policy could write: nothing
+    is kept there, even for an immutable image (the CUDA test covers the keeping)."""
+    eng = Engine(load_policy("test.lerobot_like:make_stats"), device="cpu")
+    inputs = eng.session("main").inputs
+    spec = eng.observation_spec()
+    obs = {
+        k: np.zeros(v["shape"], np.float32)
+        if v["kind"] == "vector"
+        else np.frombuffer(bytes(int(np.prod(v["shape"]))), np.uint8).reshape(v["shape"])
+        for k, v in spec.items()
+    }
+    n = inputs.copies
+    for _ in range(3):
+        eng.step(obs)
+    assert not inputs.keeps and inputs.copies == n + 3 * len(obs)

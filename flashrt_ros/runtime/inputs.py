@@ -137,6 +137,18 @@ def policy_inputs(raw: dict[str, torch.Tensor], conv: tuple) -> dict[str, torch.
     return {n: raw[n] if enc is None else to_policy(raw[n], enc, c) for n, enc, c in conv}
 
 
+def immutable(x: np.ndarray) -> bool:
+    """Whether `x`'s bytes can never change: a view whose memory is a `bytes` object (what a
+    camera message decoded in place gives, node/cameras.py). Such an array, staged once, is
+    still in the staging buffer as long as that array is the one staged."""
+    b = x
+    while isinstance(b, np.ndarray):
+        b = b.base
+    if isinstance(b, memoryview):
+        b = b.obj if b.readonly else None
+    return isinstance(b, bytes)
+
+
 class InputBuffers:
     """Per input: `dev` (the static device buffer, (1, *wire shape)), `host` (pinned staging on
     CUDA, the device buffer itself on the CPU) and `np` (a numpy view of host row 0, so staging
@@ -149,6 +161,11 @@ class InputBuffers:
         self.host: dict[str, torch.Tensor] = {}
         self.np: dict[str, np.ndarray] = {}
         cuda = torch.device(device).type == "cuda"
+        # Only a staging buffer of its own keeps what was staged: on the CPU the step reads the
+        # device buffer itself, which a policy could write.
+        self.keeps = cuda
+        self.staged: dict[str, np.ndarray] = {}  # name -> the immutable array staged last
+        self.copies = 0  # staging copies made (tests, benchmarks)
         for s in specs:
             dt = torch.float32 if s.kind == "vector" else torch.uint8
             shape = (1, *self.shapes[s.name])
@@ -160,9 +177,18 @@ class InputBuffers:
 
     def stage(self, name: str, x: np.ndarray) -> None:
         """Copy one checked input into its host buffer (one memcpy; an H x W mono image lands
-        in the H x W x 1 buffer)."""
+        in the H x W x 1 buffer). An image that is the immutable array staged last is there
+        already: a camera at 30 Hz feeding a 500 Hz loop is copied 30 times a second, not 500
+        (1.8 MB a step for two 640x480 rgb8 images, ~200 us of host time on the H200 machine)."""
+        if self.keeps and self.staged.get(name) is x:
+            return
         dst = self.np[name]
         np.copyto(dst, x if x.ndim == dst.ndim else x.reshape(dst.shape))
+        self.copies += 1
+        if self.keeps and x.dtype == np.uint8 and immutable(x):
+            self.staged[name] = x
+        else:
+            self.staged.pop(name, None)
 
 
 def check_dict(

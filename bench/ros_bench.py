@@ -518,6 +518,9 @@ def run_timer(
     return row, svc
 
 
+SERVICES_TIMED = ("checkpoint", "restore", "list_capsules", "drop_capsule")
+
+
 def run_services(cl: Client, proc, n: int) -> dict:
     sc = ServiceCaller(cl.ros)  # as the floor's: a client with nothing else to do
     try:
@@ -557,7 +560,13 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
         t_ls.append(dt)
         sc.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))  # keep the pool from filling
     us = lambda a: np.asarray(a) * 1e6  # noqa: E731
-    nd = diag_numbers(cl.latest_diag(3.0))
+    diag = cl.latest_diag(3.0)
+    nd = diag_numbers(diag)
+    by = {
+        k[len("service_") : -len("_p50_us")]: float(v)
+        for k, v in diag.items()
+        if k.startswith("service_") and k.endswith("_p50_us") and k[8:-7] in SERVICES_TIMED
+    }
     out = {
         "node_handler_p50_us": nd.get("service_p50_us"),
         "node_handler_p99_us": nd.get("service_p99_us"),
@@ -566,6 +575,7 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
         "node_queue_p99_us": nd.get("service_queue_p99_us"),
         "node_reply_p50_us": nd.get("service_reply_p50_us"),
         "node_lock_wait_p50_us": nd.get("service_lock_wait_p50_us"),
+        "node_handler_by_service_p50_us": by,  # handler alone, per service
         "calls": n,
         "failures": len(fails),
         "first_failures": fails[:3],

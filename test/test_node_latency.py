@@ -108,3 +108,6 @@ def test_services_keep_their_names_and_commit_boundaries(ros) -> None:
     # and sending the reply; both measured, both well under the test's timeouts
     queued, reply = float(diag["service_queue_p50_us"]), float(diag["service_reply_p50_us"])
     assert 0.0 < queued < 1e6 and 0.0 < reply < 1e6, diag
+    for name in ("checkpoint", "restore", "list_capsules"):  # the handler alone, per service
+        assert 0.0 < float(diag[f"service_{name}_p50_us"]) < 1e6, diag
+    assert "service_branch_p50_us" not in diag  # only the services called

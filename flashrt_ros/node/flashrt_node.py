@@ -518,6 +518,7 @@ class FlashrtNode(LifecycleNode):
             "service_queue_p50_us": f"{sn['service_queue_p50_us']:.1f}",
             "service_queue_p99_us": f"{sn['service_queue_p99_us']:.1f}",
             "service_reply_p50_us": f"{sn['service_reply_p50_us']:.1f}",
+            **{f"service_{k}_p50_us": f"{v:.1f}" for k, v in sn["service_by_p50_us"].items()},
             "step_errors": str(sn["step_errors"]),
             "last_error": sn["last_error"],
             "faults": str(sn["faults"]),

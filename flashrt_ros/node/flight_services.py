@@ -308,7 +308,7 @@ class FlightServices:
         except Exception as e:
             return self._answer("rewind", resp, e)
         finally:
-            self.ctl.timed(t0)
+            self.ctl.timed(t0, "rewind")
 
     def _rewind(self, req, resp):
         by_stamp = stamp_ns(req.stamp)
@@ -393,7 +393,7 @@ class FlightServices:
         except Exception as e:
             return self._answer("dump_flight", resp, e)
         finally:
-            self.ctl.timed(t0)
+            self.ctl.timed(t0, "dump_flight")
         resp.success, resp.files = True, [str(p) for p in paths]
         resp.message = (
             f"wrote {len(paths)} ticks of {session!r} (steps {snap.steps[0]}..{snap.steps[-1]}) "

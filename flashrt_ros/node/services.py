@@ -78,11 +78,15 @@ class Control:
         eng.session(s)  # UnknownReference naming the sessions there are
         return s
 
-    def timed(self, t0: float) -> None:
-        """Record a served request's time (`service_p*_us` in /diagnostics)."""
+    def timed(self, t0: float, service: str = "") -> None:
+        """Record a served request's time (`service_p*_us` in /diagnostics, and
+        `service_<name>_p50_us` per service)."""
         st = self.stats
+        us = (time.perf_counter() - t0) * 1e6
         with st.lock:
-            st.service_us.add((time.perf_counter() - t0) * 1e6)
+            st.service_us.add(us)
+            if service:
+                st.service_ring(service).add(us)
 
     def fault(self, where: str, e: BaseException | None = None, step_error: bool = False) -> str:
         """Count and log a fault; returns its text. Not a bad request: the operator must look."""
@@ -148,7 +152,7 @@ class CapsuleServices:
             except Exception as e:
                 return self._answer(fn.__name__, resp, e)
             finally:
-                self.ctl.timed(t0)
+                self.ctl.timed(t0, fn.__name__)
 
         return handler
 
@@ -287,7 +291,7 @@ class CapsuleServices:
         except Exception as e:
             return self._answer("rollout", resp, e)
         finally:
-            self.ctl.timed(t0)
+            self.ctl.timed(t0, "rollout")
         resp.success, resp.action_dim = True, eng.action_dim
         resp.actions = array.array("d", actions.tobytes())
         resp.message = f"{n} steps on " + (

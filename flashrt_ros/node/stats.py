@@ -70,6 +70,14 @@ class LoopStats:
         # waited for the serving thread (a tick in progress, the GIL, a request before it)
         self.service_queue_us = Ring(512)
         self.service_reply_us = Ring(512)  # sending the reply (serialization, the write)
+        self.service_by: dict[str, Ring] = {}  # handler time per service, once it is called
+
+    def service_ring(self, name: str) -> Ring:
+        """The handler-time ring of one service (made at its first request; lock held)."""
+        ring = self.service_by.get(name)
+        if ring is None:
+            ring = self.service_by[name] = Ring(256)
+        return ring
 
     def add_fault(self, text: str, step_error: bool = False) -> None:
         with self.lock:
@@ -95,6 +103,7 @@ class LoopStats:
                 )
             }
             times = self.tick_times.values().copy()
+            by = {k: r.values().copy() for k, r in self.service_by.items()}
             counts = {
                 k: getattr(self, k)
                 for k in (
@@ -132,4 +141,5 @@ class LoopStats:
             "service_queue_p99_us": queue99,
             "service_reply_p50_us": percentiles(rings["service_reply_us"], (50,))[0],
             "new_faults": new_faults,
+            "service_by_p50_us": {k: percentiles(v, (50,))[0] for k, v in sorted(by.items())},
         }

@@ -295,7 +295,13 @@ def test_a_nan_refusal_changes_nothing_not_even_the_next_id(tmp_path):
     eng = warmed(capsule_dir=tmp_path, capsule_slots=2)
     s = eng.session("main")
     before, free, slab = eng.state_bytes(), eng.pool.free_slots(), eng.pool.slab.clone()
-    for region, bad in (("goal", math.inf), ("goal", -math.inf), ("goal", math.nan)):
+    for region, bad in (
+        ("goal", math.inf),
+        ("goal", -math.inf),
+        ("goal", math.nan),
+        ("k1", math.nan),  # inside the span of k0..queue (Arena.float_spans)
+        ("queue", math.inf),
+    ):
         v = s.views[region]
         old = v.clone()
         v.view(-1)[0] = bad
@@ -375,3 +381,28 @@ def test_pool_put_copies_a_given_digest_and_computes_one_otherwise():
     assert torch.equal(b.digest, ref) and b.info.checksum == "ab" * 16
     assert b.digest.data_ptr() == pool.digests[b.slot].data_ptr()
     assert pool.matches(b, src)
+
+
+def test_float_spans_cover_neighbouring_regions_and_padding_is_no_state():
+    """The probe checks floating-point regions a span at a time (neighbours of one dtype with
+    their alignment padding); NaN bytes in that padding (say from a capsule file) are no state
+    of the policy: the checkpoint goes on, while NaN in a region is refused naming it."""
+    from flashrt_ros import Engine, load_policy
+
+    eng = Engine(load_policy("test.tiny_policy:tiny"), device="cpu")
+    s = eng.session("main")
+    rows = {r.name: r for r in s.arena.rows}
+    spans = s.arena.float_spans(["last", "goal"])
+    assert len(spans) == 1  # last (24 B), 232 B of padding, goal: one view
+    assert spans[0].numel() * 4 == rows["goal"].offset + rows["goal"].nbytes
+    hybrid = Engine(load_policy("builtin:hybrid"), device="cpu").session("main").arena
+    floats = [r.name for r in hybrid.rows if r.dtype.startswith("float")]
+    assert len(floats) == 8 and len(hybrid.float_spans(floats)) == 2  # rng (int64) splits them
+    pad = rows["last"].offset + rows["last"].nbytes  # the first padding byte
+    nan = np.array([np.nan], np.float32).view(np.uint8)
+    s.arena.buf[pad : pad + 4] = torch.from_numpy(nan.copy())
+    cap = eng.checkpoint(name="padding")  # the padding is no state: nothing refused
+    assert cap.name == "padding"
+    s.views["last"].view(-1)[1] = math.nan
+    with pytest.raises(BadRequest, match="holds NaN or Inf in last; refusing"):
+        eng.checkpoint()

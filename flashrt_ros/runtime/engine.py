@@ -136,25 +136,26 @@ def _ref(x, what: str) -> str:
 
 class CheckpointProbe:
     """What a checkpoint must know of one session's arena, from one device pass and one
-    readback: the checksum (2 int64 lanes) and a finite flag per floating-point region, in one
-    int64 buffer `out` = [lane 0, lane 1, flag...]. On CUDA the pass is a graph captured once
-    per session (the flag kernels, the checksum kernel and the copy of `out` into pinned `host`),
-    so a checkpoint issues one launch and waits once, where reading the flags and then the
-    digest back cost a host sync each (and the flag kernels issued eagerly ~0.5 ms of launches
-    on an H200)."""
+    readback: the checksum (2 int64 lanes) and a finite flag per span of floating-point regions
+    (Arena.float_spans), in one int64 buffer `out` = [lane 0, lane 1, flag...]. On CUDA the
+    pass is a graph captured once per session (the flag kernels, the checksum kernel and the
+    copy of `out` into pinned `host`), so a checkpoint issues one launch and waits once, where
+    reading the flags and then the digest back cost a host sync each (and the flag kernels
+    issued eagerly ~0.5 ms of launches on an H200). A flag per region made the pass ~20 tiny
+    kernels, ~70 us of waiting on the H200 for builtin:hybrid (bench/capsule_probe.py)."""
 
     def __init__(self, s: Session, regions: list[str], use_graph: bool):
         self.session = s
         self.regions = regions
         buf = self._buf = s.arena.buf
         on_cuda = buf.is_cuda
-        self.out = out = torch.zeros(2 + len(regions), dtype=torch.int64, device=buf.device)
+        views = s.arena.float_spans(regions)  # a flag per span of regions (arena.py)
+        self.out = out = torch.zeros(2 + len(views), dtype=torch.int64, device=buf.device)
         self.digest = digest = out[:2]
         flags = out[2:]
         # on the CPU the device buffer is the host buffer: nothing to copy
         host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
         self.host = host
-        views = [s.views[n] for n in regions]
 
         def scan() -> None:
             if views:
@@ -720,12 +721,13 @@ class Engine:
         if self._stream is not None:
             self._wait()
         vals = probe.host.tolist()
-        if not all(vals[2:]):
-            bad = [n for n, good in zip(probe.regions, vals[2:], strict=True) if not good]
-            raise BadRequest(
-                f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
-                "checkpoint it (restore, branch into or reset the session)"
-            )
+        if not all(vals[2:]):  # a span is not finite: which regions (a rare, slower path)
+            bad = [n for n in probe.regions if not bool(torch.isfinite(s.views[n]).all())]
+            if bad:  # else only padding between regions holds them: no state of the policy
+                raise BadRequest(
+                    f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
+                    "checkpoint it (restore, branch into or reset the session)"
+                )
         return probe, hex_of(vals[:2])
 
     def _report_evictions(self) -> None:

@@ -1,0 +1,104 @@
+"""Where a checkpoint's host time goes on CUDA (the node's ~/checkpoint handler took ~250 us p50
+on the H200 machine): Engine.checkpoint timed whole and part by part. No ROS.
+
+    python3 bench/capsule_probe.py [--policy builtin:hybrid] [--n 300] [--out FILE]
+
+Parts: "probe_issue" (the captured probe pass launched), "probe_wait" (the one host wait),
+"probe_read" (flags and hex checksum from pinned memory), "pool_put" (the slot's copies queued),
+"pool_info"; and, whole, "checkpoint", "drop" and "restore" (unverified, then verified).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_ros import Engine, load_policy  # noqa: E402
+from flashrt_ros.capsules.checksum import hex_of  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="builtin:hybrid")
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--fuse", action="store_true")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    eng = Engine(load_policy(a.policy), device=a.device, fuse=a.fuse)
+    spec = eng.observation_spec()
+    obs = {k: np.zeros(v["shape"], np.float32) for k, v in spec.items() if v["kind"] == "vector"}
+    for _ in range(5):
+        eng.step(obs)
+    t: dict[str, list[float]] = {}
+
+    def add(name: str, t0: float, t1: float) -> None:
+        t.setdefault(name, []).append((t1 - t0) * 1e6)
+
+    s = eng.session("main")
+    for i in range(a.n + 10):
+        c0 = time.perf_counter()
+        info = eng.checkpoint("main")
+        c1 = time.perf_counter()
+        eng.restore(info.id, "main", verify=False)
+        c2 = time.perf_counter()
+        eng.restore(info.id, "main", verify=True)
+        c3 = time.perf_counter()
+        eng.drop(info.id)
+        c4 = time.perf_counter()
+        p0 = time.perf_counter()
+        probe = eng._probe_of(s)
+        probe.issue()
+        p1 = time.perf_counter()
+        if eng._stream is not None:
+            eng._wait()
+        p2 = time.perf_counter()
+        vals = probe.host.tolist()
+        checksum = hex_of(vals[:2])
+        p3 = time.perf_counter()
+        cap = eng.pool.put(
+            s.arena.buf,
+            session=s.name,
+            parent_id=s.parent_id,
+            step=s.steps,
+            digest=probe.digest,
+            checksum=checksum,
+        )
+        p4 = time.perf_counter()
+        eng.pool.info(cap)
+        p5 = time.perf_counter()
+        eng.drop(cap.info.id)
+        if i < 10:
+            continue
+        add("checkpoint", c0, c1)
+        add("restore", c1, c2)
+        add("restore_verify", c2, c3)
+        add("drop", c3, c4)
+        add("probe_issue", p0, p1)
+        add("probe_wait", p1, p2)
+        add("probe_read", p2, p3)
+        add("pool_put", p3, p4)
+        add("pool_info", p4, p5)
+    out = {
+        "policy": a.policy,
+        "device": str(eng.device),
+        "state_bytes": eng.state_nbytes,
+        "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},
+        "p99_us": {k: round(float(np.percentile(v, 99)), 1) for k, v in t.items()},
+    }
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

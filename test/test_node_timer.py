@@ -253,3 +253,16 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
     n = len(c.commands)
     stream(c, 0.3, 100.0)
     assert len(c.commands) > n  # still stepping after the requests
+    # deactivate: the services go back to a thread of their own, normally scheduled (a new
+    # thread inherits its creator's SCHED_FIFO); activate: the new control thread alone again
+    change = ros.client(ChangeState, proc.service("change_state"))
+    for tid, fifo in (
+        (Transition.TRANSITION_DEACTIVATE, []),  # the service thread (started anew) included
+        (Transition.TRANSITION_ACTIVATE, [7] if allowed else []),
+    ):
+        assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
+        assert c.call("list_capsules").capsules  # answered after each transition
+        assert _fifo_threads(proc.pid) == fifo
+    n = len(c.commands)
+    stream(c, 0.3, 100.0)
+    assert len(c.commands) > n

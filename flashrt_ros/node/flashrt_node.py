@@ -467,10 +467,12 @@ class FlashrtNode(LifecycleNode):
             if self._latest_obs is obs:
                 self._latest_obs = None
 
-    def _served(self, queued_s: float, reply_s: float) -> None:
+    def _served(self, queued_s: float | None, reply_s: float | None) -> None:
         with self.stats.lock:
-            self.stats.service_queue_us.add(queued_s * 1e6)
-            self.stats.service_reply_us.add(reply_s * 1e6)
+            if queued_s is not None:
+                self.stats.service_queue_us.add(queued_s * 1e6)
+            if reply_s is not None:
+                self.stats.service_reply_us.add(reply_s * 1e6)
 
     def _on_tick_error(self, e: Exception) -> None:
         if not self.context.ok():  # shutting down (Ctrl-C): the loop is about to stop

@@ -3,9 +3,10 @@
 `ServiceHost` is the node the services are created on, beside the flashrt node (same context
 and namespace), under the names they always had (`/<ns>/flashrt/<service>`). It has no
 parameter services and no /rosout publisher: it only serves, and it is not spun by an rclpy
-executor but by its own loop on a thread of its own (`start()`), over a wait set built once for
-its services and guard conditions (waitloop.WaitLoop, which the inputs' loop shares): wait,
-take each request, call its handler, send the reply.
+executor but by a loop over a wait set built once for its services and guard conditions
+(waitloop.WaitLoop, which the inputs' loop shares): wait, take each request, call its handler,
+send the reply. That loop runs on a thread of its own (`start()`), or on the control thread
+while the timer loop runs (`lent()`, below).
 
 Why not rclpy's SingleThreadedExecutor: it rebuilds its wait set in Python over every entity
 at each wake-up, wraps each callback in a Task, and wakes itself twice more after each callback
@@ -43,6 +44,7 @@ from collections.abc import Callable, Iterator
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 
+from flashrt_ros.node.loop import normal_scheduling
 from flashrt_ros.node.waitloop import WaitLoop
 
 
@@ -72,9 +74,10 @@ class ServiceHost(WaitLoop):
         self._hand = threading.Lock()  # who serves: this host's thread, or a borrower's
         self._wanted = False  # start() was called: the thread serves when no one borrows
         self._lent = False
-        # on_served(queued_s, reply_s) after each reply: how long the request waited in the
-        # middleware before its take (from its reception stamp), how long the reply took to send
-        self.on_served: Callable[[float, float], None] | None = None
+        # on_served(queued_s, reply_s), one of them None: at each take, how long the request
+        # waited in the middleware (from its reception stamp; not called where the middleware
+        # stamps none), and at each reply, how long it took to send
+        self.on_served: Callable[[float | None, float | None], None] | None = None
 
     def _not_serving(self, what: str) -> None:
         # the wait set is built once, when the loop starts (on its thread or a borrower's)
@@ -115,33 +118,51 @@ class ServiceHost(WaitLoop):
             return super().stop(timeout)
 
     @contextlib.contextmanager
-    def lent(self) -> Iterator[Callable[[float], None] | None]:
-        """Serve from the calling thread for the duration: yields `serve(timeout_s)`, which
-        waits up to `timeout_s` for requests (a wake() ends it early) and handles what came
-        (it only sleeps until start() is called). This host's
-        thread is stopped meanwhile and started again after, if it was wanted. Yields None
-        (nothing lent) when the thread is still busy with a handler after a second, or when
-        someone else borrows already."""
+    def lent(self) -> Iterator[Callable[..., None] | None]:
+        """Serve from the calling thread for the duration: yields `serve(timeout_s, stop=None)`,
+        which waits up to `timeout_s` for requests (a wake() ends it early) and handles what
+        came, unless `stop()` says so by then (it only sleeps until start() is called). This
+        host's thread is stopped first: a handler it is in finishes before anything is served
+        here. It is started again after, if it is wanted and the context still lives. Yields
+        None when someone else borrows already."""
         with self._hand:
-            if self._lent or not super().stop(timeout=1.0):
-                yield None
-                return
-            self._lent = True
+            if self._lent:
+                thread, taken = None, False
+            else:
+                thread, taken, self._lent = self._thread, True, True
+                self._stop.set()
+        if not taken:
+            yield None
+            return
         try:
+            self.wake()  # the thread's wait ends; a handler in progress finishes first
+            while thread is not None and thread.is_alive():
+                thread.join(timeout=1.0)
+                if thread.is_alive():
+                    self.log.warning(
+                        "the service thread is still in a handler; the control thread serves "
+                        "once it is done",
+                        throttle_duration_sec=5.0,
+                    )
+            with self._hand:
+                self._thread = None
             with self.waiting() as wait:
 
-                def serve(timeout_s: float) -> None:
+                def serve(timeout_s: float, stop: Callable[[], bool] | None = None) -> None:
                     if not self._wanted:  # main.py starts the serving after the autostart
                         time.sleep(timeout_s)
                         return
-                    wait(max(int(timeout_s * 1e9), 0))
+                    wait(max(int(timeout_s * 1e9), 0), stop)
 
                 yield serve
         finally:
             with self._hand:
                 self._lent = False
-                if self._wanted:
+                if self._wanted and self.context.ok():
                     super().start()
+                    # started by a thread that may run under SCHED_FIFO (realtime_priority),
+                    # whose policy a new thread inherits: the services run normally scheduled
+                    normal_scheduling(self._thread)
 
     def wake(self) -> None:
         """End the current wait (of this host's thread or a borrower's) now."""
@@ -181,7 +202,9 @@ class ServiceHost(WaitLoop):
                 return
             if header is None:
                 return
-            taken = time.time_ns()
+            received = getattr(header, "received_timestamp", 0)  # 0: not stamped
+            if received > 0 and self.on_served is not None:
+                self.on_served((time.time_ns() - received) * 1e-9, None)
             try:
                 result = srv.callback(request, srv.srv_type.Response())
             except Exception as e:
@@ -189,13 +212,8 @@ class ServiceHost(WaitLoop):
                 continue
             if inspect.iscoroutine(result):
                 self._run(result, srv, header)
-                continue
-            t0 = time.perf_counter()
-            self._reply(srv, result, header)
-            if self.on_served is not None:
-                received = getattr(header, "received_timestamp", 0)  # 0: not stamped
-                queued = (taken - received) * 1e-9 if received > 0 else 0.0
-                self.on_served(queued, time.perf_counter() - t0)
+            else:
+                self._reply(srv, result, header)
 
     def _run(self, coro, srv, header) -> None:
         """Resume an `async def` handler: reply when it returns, park it while it awaits."""
@@ -209,10 +227,14 @@ class ServiceHost(WaitLoop):
             self._parked.append((coro, srv, header))
 
     def _reply(self, srv, response, header) -> None:
+        t0 = time.perf_counter()
         try:
             srv.send_response(response, header)
         except Exception as e:  # a handler's wrong type, a client gone: the loop goes on
             self.log.error(f"{srv.srv_name}: reply not sent: {type(e).__name__}: {e}")
+            return
+        if self.on_served is not None:
+            self.on_served(None, time.perf_counter() - t0)
 
     def _failed(self, srv, e: Exception) -> None:
         self.log.error(f"{srv.srv_name}: handler raised {type(e).__name__}: {e}; no reply")

@@ -48,6 +48,19 @@ def set_realtime(thread: threading.Thread | None, priority: int) -> str:
     return ""
 
 
+def normal_scheduling(thread: threading.Thread | None) -> None:
+    """Put a started thread back under normal scheduling (a thread inherits its creator's
+    SCHED_FIFO); nothing where that is not possible or not needed."""
+    tid = getattr(thread, "native_id", None)
+    if tid is None or not hasattr(os, "SCHED_OTHER"):
+        return
+    try:
+        if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:  # gone meanwhile, or not ours to change
+        pass
+
+
 class EngineLock:
     """The lock every Engine call holds, with the control loop first.
 
@@ -214,7 +227,13 @@ class TimerLoop:
 
     def _run(self) -> None:
         precise_sleeps()
-        with self.serving() if self.serving is not None else contextlib.nullcontext() as serve:
+        with contextlib.ExitStack() as lent:
+            serve = None
+            if self.serving is not None:
+                try:
+                    serve = lent.enter_context(self.serving())
+                except Exception as e:  # the loop ticks anyway; the services stay where they are
+                    self.on_error(e)
             self._loop(serve)
 
     def _wait(self, deadline: float, serve) -> bool:
@@ -223,7 +242,7 @@ class TimerLoop:
         while (left := deadline - SPIN_S - time.monotonic()) > 0:
             if serve is None:
                 return self._stop.wait(left)
-            serve(left)
+            serve(left, self._stop.is_set)  # stop(): no handler starts after it
             if self._stop.is_set():
                 return True
         return self._stop.is_set()

@@ -318,3 +318,66 @@ def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
         loop.stop()
     assert host._thread is not None  # wanted: handed back to the host's thread
     host.destroy()
+
+
+def test_the_inputs_loop_borrows_the_services_and_serves_between_its_messages(ros, owner):
+    """In observation mode the inputs' loop answers the services in its own wait set (between
+    two messages) while its thread runs; before start() it does not borrow them, and after it
+    ends the host's own thread serves again."""
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.node.inputs import InputLoop
+    from flashrt_ros.node.polled import PolledGroup
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    by: list[str] = []
+    got: list[tuple[str, float]] = []
+
+    def list_capsules(req, resp):
+        by.append(threading.current_thread().name)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    sub = owner.create_subscription(
+        Float64MultiArray,
+        "x",
+        lambda msg, age=0.0: got.append((threading.current_thread().name, msg.data[0])),
+        10,
+        callback_group=PolledGroup(),
+    )
+    pub = ros.node.create_publisher(Float64MultiArray, "/x", 10)
+    ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+    assert ls.wait_for_service(timeout_sec=10.0)
+
+    early = InputLoop(owner.context, owner.get_logger(), [], sub, host)
+    early.start()  # the host was not started: nothing to borrow, nothing served yet
+    pending = ls.call_async(ListCapsules.Request())
+    ros.spin_for(0.3)
+    assert not pending.done() and early._served is None
+    early.close()
+
+    host.start()
+    loop = InputLoop(owner.context, owner.get_logger(), [], sub, host)
+    loop.start()
+    try:
+        assert ros.spin_until(pending.done, 10.0)  # the early request, answered now
+        t_end = time.monotonic() + 5.0
+        while loop._served is None and time.monotonic() < t_end:
+            time.sleep(0.005)
+        assert loop._served is not None and host._thread is None
+        by.clear()
+        for k in range(5):
+            pub.publish(Float64MultiArray(data=[float(k)]))
+            ros.call(ls, ListCapsules.Request())
+        assert ros.spin_until(lambda: len(got) >= 5, 10.0)
+        assert by == ["flashrt-inputs"] * 5 and host.serving_thread == "flashrt-inputs"
+        assert [v for _, v in got[-5:]] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert {t for t, _ in got} == {"flashrt-inputs"}
+    finally:
+        loop.close()
+    assert host._thread is not None and host._thread.is_alive()  # handed back
+    ros.call(ls, ListCapsules.Request())
+    assert by[-1] == "flashrt-services"
+    host.destroy()

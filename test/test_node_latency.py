@@ -111,3 +111,4 @@ def test_services_keep_their_names_and_commit_boundaries(ros) -> None:
     for name in ("checkpoint", "restore", "list_capsules"):  # the handler alone, per service
         assert 0.0 < float(diag[f"service_{name}_p50_us"]) < 1e6, diag
     assert "service_branch_p50_us" not in diag  # only the services called
+    assert diag["services_thread"] == "flashrt-inputs"  # observation mode: the thread that steps

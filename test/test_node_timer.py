@@ -250,6 +250,7 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
         assert _fifo_threads(proc.pid) == []
     assert c.call("checkpoint", name="rt").success
     assert "rt" in [cap.name for cap in c.call("list_capsules").capsules]
+    assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-control")
     n = len(c.commands)
     stream(c, 0.3, 100.0)
     assert len(c.commands) > n  # still stepping after the requests
@@ -263,6 +264,8 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
         assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
         assert c.call("list_capsules").capsules  # answered after each transition
         assert _fifo_threads(proc.pid) == fifo
+        by = "flashrt-services" if tid == Transition.TRANSITION_DEACTIVATE else "flashrt-control"
+        assert c.wait_diag(lambda d, by=by: d.get("services_thread") == by)
     n = len(c.commands)
     stream(c, 0.3, 100.0)
     assert len(c.commands) > n

@@ -7,10 +7,11 @@ to cleanup (main.py: after the autostart transitions) the inputs' loop (inputs.p
 joint_states a step, on that thread); the timer trigger runs its own thread (`flashrt-control`,
 loop.py), which takes joint_states and the images itself at the top of each tick and publishes
 /diagnostics in its slack. The services run on a node and a loop of their own (host.py, main.py),
-served by a thread of their own, or, while the timer loop runs, by the control thread between
-two ticks. A rollout steps on a thread of its own (services.py). Every Engine call holds the
-engine lock (loop.EngineLock), so a service request always lands between two steps; the control
-tick goes first, and a rollout steps only where no tick is due.
+served by the thread that steps: the control thread between two ticks while the timer loop runs,
+the inputs' thread between two observations in observation mode, else a thread of their own. A
+rollout steps on a thread of its own (services.py). Every Engine call holds the engine lock
+(loop.EngineLock), so a service request always lands between two steps; the control tick goes
+first, and a rollout steps only where no tick is due.
 
 Safety: nothing non-finite is ever published. A step that produces a NaN/Inf action (or fails on
 the device) is a fault: nothing is published, it is counted and logged, /diagnostics goes ERROR,
@@ -184,7 +185,9 @@ class FlashrtNode(LifecycleNode):
         if not timer and self._cams is not None:
             drained += [c.sub for c in self._cams.cams]
         stepping = None if timer else self._js_sub
-        self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping)
+        # observation mode: the thread that steps answers the services too (inputs.py)
+        host = None if timer else self.service_host
+        self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping, host)
         if not self.defer_inputs:
             self._start_inputs()
         self.get_logger().info(
@@ -540,6 +543,7 @@ class FlashrtNode(LifecycleNode):
                 kv["device"] = str(eng.device)
                 kv.update(self.flight.diagnostics(eng, live))
         kv["stale_stream"] = self._stale_why
+        kv["services_thread"] = self.service_host.serving_thread
         cams = self._cams
         if cams is not None:
             kv.update(cams.diagnostics(time.monotonic()))

@@ -24,8 +24,10 @@ future wakes it through a guard condition of this host (services.py: rollouts; f
 dumps), so other requests are served meanwhile. A handler that raises gets no reply (as with
 rclpy's executor) and is logged; the loop goes on serving.
 
-Lent to the control thread: while the timer loop runs, its own thread serves the requests in
-the slack between two ticks (`lent()`; loop.TimerLoop), and this host's thread stays stopped.
+Lent to the thread that steps: while the timer loop runs, its control thread serves the
+requests in the slack between two ticks (`lent()`; loop.TimerLoop); in observation mode the
+inputs' thread serves them between two observations (`borrowed()`; inputs.InputLoop). This
+host's thread stays stopped meanwhile.
 Two Python threads that both wake up often hand the GIL to each other at every wake-up, and a
 request waited for the control thread's Python (and the tick for the request's) each time: on
 the 2-core CPU machine a ListCapsules round trip went from 365 us p50 with the node idle to 441
@@ -74,6 +76,7 @@ class ServiceHost(WaitLoop):
         self._hand = threading.Lock()  # who serves: this host's thread, or a borrower's
         self._wanted = False  # start() was called: the thread serves when no one borrows
         self._lent = False
+        self.serving_thread = ""  # the thread that served last (/diagnostics: services_thread)
         # on_served(queued_s, reply_s), one of them None: at each take, how long the request
         # waited in the middleware (from its reception stamp; not called where the middleware
         # stamps none), and at each reply, how long it took to send
@@ -118,21 +121,19 @@ class ServiceHost(WaitLoop):
             return super().stop(timeout)
 
     @contextlib.contextmanager
-    def lent(self) -> Iterator[Callable[..., None] | None]:
-        """Serve from the calling thread for the duration: yields `serve(timeout_s, stop=None)`,
-        which waits up to `timeout_s` for requests (a wake() ends it early) and handles what
-        came, unless `stop()` says so by then (it only sleeps until start() is called). This
-        host's thread is stopped first: a handler it is in finishes before anything is served
-        here. It is started again after, if it is wanted and the context still lives. Yields
-        None when someone else borrows already."""
+    def _taken_over(self, wanted_only: bool) -> Iterator[bool]:
+        """Stop this host's thread for the duration (a handler it is in finishes first) and
+        start it again after, if it is wanted and the context still lives; yields False (and
+        changes nothing) when someone else borrows already, or, with `wanted_only`, when
+        start() was not called yet."""
         with self._hand:
-            if self._lent:
+            if self._lent or (wanted_only and not self._wanted):
                 thread, taken = None, False
             else:
                 thread, taken, self._lent = self._thread, True, True
                 self._stop.set()
         if not taken:
-            yield None
+            yield False
             return
         try:
             self.wake()  # the thread's wait ends; a handler in progress finishes first
@@ -140,12 +141,34 @@ class ServiceHost(WaitLoop):
                 thread.join(timeout=1.0)
                 if thread.is_alive():
                     self.log.warning(
-                        "the service thread is still in a handler; the control thread serves "
-                        "once it is done",
+                        "the service thread is still in a handler; the services move to "
+                        f"{threading.current_thread().name} once it is done",
                         throttle_duration_sec=5.0,
                     )
             with self._hand:
                 self._thread = None
+            yield True
+        finally:
+            if taken:
+                with self._hand:
+                    self._lent = False
+                    if self._wanted and self.context.ok():
+                        super().start()
+                        # started by a thread that may run under SCHED_FIFO
+                        # (realtime_priority), whose policy a new thread inherits: the
+                        # services run normally scheduled
+                        normal_scheduling(self._thread)
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[Callable[..., None] | None]:
+        """Serve from the calling thread for the duration (the timer loop's control thread):
+        yields `serve(timeout_s, stop=None)`, which waits up to `timeout_s` for requests (a
+        wake() ends it early) and handles what came, unless `stop()` says so by then (it only
+        sleeps until start() is called). Yields None when someone else borrows already."""
+        with self._taken_over(wanted_only=False) as taken:
+            if not taken:
+                yield None
+                return
             with self.waiting() as wait:
 
                 def serve(timeout_s: float, stop: Callable[[], bool] | None = None) -> None:
@@ -155,14 +178,15 @@ class ServiceHost(WaitLoop):
                     wait(max(int(timeout_s * 1e9), 0), stop)
 
                 yield serve
-        finally:
-            with self._hand:
-                self._lent = False
-                if self._wanted and self.context.ok():
-                    super().start()
-                    # started by a thread that may run under SCHED_FIFO (realtime_priority),
-                    # whose policy a new thread inherits: the services run normally scheduled
-                    normal_scheduling(self._thread)
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[tuple[list, list] | None]:
+        """This host's (guard conditions, services) for the calling thread's own wait set, for
+        the duration (the inputs' loop in observation mode, whose thread steps); what the wait
+        finds ready goes to `_on_ready`. None, and nothing changes, when someone else borrows
+        already or start() was not called yet."""
+        with self._taken_over(wanted_only=True) as taken:
+            yield (list(self._guards), list(self._services)) if taken else None
 
     def wake(self) -> None:
         """End the current wait (of this host's thread or a borrower's) now."""
@@ -174,6 +198,7 @@ class ServiceHost(WaitLoop):
         return [], list(self._guards), list(self._services)
 
     def _on_ready(self, ws) -> None:
+        self.serving_thread = threading.current_thread().name
         ready = ws.get_ready_entities("guard_condition")
         if ready:
             for gc in self._guards:

@@ -17,10 +17,16 @@ called as `callback(message, age_s)` (polled.take: the age from the middleware's
 stamp); one that raises is logged, and the loop goes on. `lock` is held while a wake-up's
 messages are handled: a lifecycle transition holds it to change what the handlers see, between
 two messages.
+
+In observation mode the loop also answers the services (`host`: host.ServiceHost.borrowed(),
+its guard conditions and services in this loop's wait set), between two observations: the
+thread that steps is the one that serves, so neither waits for the other's GIL (host.py says
+why). They are handled first at each wake-up, outside `lock`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 
@@ -34,17 +40,30 @@ class InputLoop(WaitLoop):
 
     thread_name = "flashrt-inputs"
 
-    def __init__(self, context, log, drained: Sequence, stepping=None) -> None:
+    def __init__(self, context, log, drained: Sequence, stepping=None, host=None) -> None:
         super().__init__(context, log)
         self.drained = list(drained)
         self.stepping = stepping
+        self.host = host  # a ServiceHost whose services this loop answers (observation mode)
+        self._served: tuple[list, list] | None = None  # what it borrowed: guards, services
         self.lock = threading.Lock()
+
+    def _wait_loop(self) -> None:
+        with self.host.borrowed() if self.host is not None else contextlib.nullcontext() as got:
+            self._served = got
+            try:
+                super()._wait_loop()
+            finally:
+                self._served = None
 
     def _entities(self) -> tuple[list, list, list]:
         subs = [*self.drained, *([self.stepping] if self.stepping is not None else [])]
-        return subs, [], []
+        guards, services = self._served or ([], [])
+        return subs, guards, services
 
     def _on_ready(self, ws) -> None:
+        if self._served is not None:  # the services first: each request between two steps
+            self.host._on_ready(ws)
         ready = ws.get_ready_entities("subscription")
         if not ready:  # the stop guard, or the once-a-second look at the context
             return

@@ -153,9 +153,9 @@ def main(args: Sequence[str] | None = None) -> int:
         # done (the node steps on what it is sent next), as when all of it shared the executor,
         # which was not spinning yet.
         node.defer_inputs = False
-        node.start_inputs()
         services = node.service_host
-        services.start()
+        services.start()  # first: the inputs' loop of observation mode borrows them (inputs.py)
+        node.start_inputs()
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

@@ -11,7 +11,6 @@ Parts: "probe_issue" (the captured probe pass launched), "probe_wait" (the one h
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 from flashrt_ros.capsules.checksum import hex_of  # noqa: E402
 
@@ -93,10 +93,7 @@ def main() -> int:
         "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},
         "p99_us": {k: round(float(np.percentile(v, 99)), 1) for k, v in t.items()},
     }
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    report(out, a.out)
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.policies_bench import observations  # noqa: E402
+from bench.timing import report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 
 
@@ -94,10 +94,7 @@ def main() -> int:
         "step": {k: pct(v[2:]) for k, v in whole.items()},
         "phases": {k: {n: pct(v[2:]) for n, v in ph.items()} for k, ph in phases.items()},
     }
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    report(out, a.out)
     return 0
 
 

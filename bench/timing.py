@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,3 +57,11 @@ def burst_timed(
 
 def p(a: np.ndarray, q: float) -> float:
     return round(float(np.percentile(a, q)), 2)
+
+
+def report(out: dict, path: Path | None) -> None:
+    """Print a probe's result as JSON, and write it to `path` when given."""
+    text = json.dumps(out, indent=1)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")

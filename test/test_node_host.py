@@ -173,6 +173,22 @@ def test_stop_ends_an_idle_loop_at_once(ros, owner):
     host.destroy()
 
 
+def _recording_host(owner):
+    """A ServiceHost serving ~/list_capsules, and the names of the threads that answered it."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    by: list[str] = []
+
+    def list_capsules(req, resp):
+        by.append(threading.current_thread().name)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    return host, by
+
+
 def _lend_to_loop(host, rate_hz: float, tick, ticks: list):
     from flashrt_ros.node.loop import TimerLoop
 
@@ -253,17 +269,9 @@ def test_ticks_that_leave_little_room_still_let_requests_through(ros, owner):
     """Ticks that take nearly their whole period (4.4 of 5 ms) leave ~400 us before the final
     spin: the requests are answered in those gaps, on the control thread, and the ticks go
     on."""
-    from flashrt_ros.node.host import ServiceHost
     from flashrt_ros.srv import ListCapsules
 
-    host = ServiceHost(owner)
-    by: list[str] = []
-
-    def list_capsules(req, resp):
-        by.append(threading.current_thread().name)
-        return resp
-
-    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    host, by = _recording_host(owner)
     host.start()
     period = 1.0 / 200.0
     ticks: list = []
@@ -291,17 +299,9 @@ def test_ticks_that_leave_little_room_still_let_requests_through(ros, owner):
 def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
     """Before start() (main.py starts the serving after the autostart transitions) a borrower
     only sleeps: no request is answered. One borrower at a time."""
-    from flashrt_ros.node.host import ServiceHost
     from flashrt_ros.srv import ListCapsules
 
-    host = ServiceHost(owner)
-    by: list[str] = []
-
-    def list_capsules(req, resp):
-        by.append(threading.current_thread().name)
-        return resp
-
-    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    host, by = _recording_host(owner)
     ticks: list = []
     loop = _lend_to_loop(host, 200.0, lambda d: None, ticks)
     try:
@@ -322,63 +322,62 @@ def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
 
 
 def test_the_inputs_loop_borrows_the_services_and_serves_between_its_messages(ros, owner):
-    """In observation mode the inputs' loop answers the services in its own wait set (between
-    two messages) while its thread runs; before start() it does not borrow them, and after it
-    ends the host's own thread serves again."""
+    """In observation mode the inputs' loop answers the services in its own wait set while its
+    thread runs, between two messages: a request is answered while a backlog of observations
+    is still being stepped. Before start() it does not borrow them; after it ends the host's
+    own thread serves again."""
     from std_msgs.msg import Float64MultiArray
 
-    from flashrt_ros.node.host import ServiceHost
     from flashrt_ros.node.inputs import InputLoop
     from flashrt_ros.node.polled import PolledGroup
     from flashrt_ros.srv import ListCapsules
 
-    host = ServiceHost(owner)
-    by: list[str] = []
+    host, by = _recording_host(owner)
     got: list[tuple[str, float]] = []
 
-    def list_capsules(req, resp):
-        by.append(threading.current_thread().name)
-        return resp
+    def step(msg, age: float = 0.0) -> None:  # an observation that takes 2 ms to step
+        got.append((threading.current_thread().name, msg.data[0]))
+        time.sleep(0.002)
 
-    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
-    sub = owner.create_subscription(
-        Float64MultiArray,
-        "x",
-        lambda msg, age=0.0: got.append((threading.current_thread().name, msg.data[0])),
-        10,
-        callback_group=PolledGroup(),
-    )
-    pub = ros.node.create_publisher(Float64MultiArray, "/x", 10)
+    sub = owner.create_subscription(Float64MultiArray, "x", step, 200, callback_group=PolledGroup())
+    pub = ros.node.create_publisher(Float64MultiArray, "/x", 200)
     ls = ros.client(ListCapsules, "/flashrt/list_capsules")
     assert ls.wait_for_service(timeout_sec=10.0)
-
-    early = InputLoop(owner.context, owner.get_logger(), [], sub, host)
-    early.start()  # the host was not started: nothing to borrow, nothing served yet
-    pending = ls.call_async(ListCapsules.Request())
-    ros.spin_for(0.3)
-    assert not pending.done() and early._served is None
-    early.close()
-
-    host.start()
-    loop = InputLoop(owner.context, owner.get_logger(), [], sub, host)
-    loop.start()
+    loops = []
     try:
+        loops.append(InputLoop(owner.context, owner.get_logger(), [], sub, host))
+        loops[-1].start()  # the host was not started: nothing to borrow, nothing served yet
+        pending = ls.call_async(ListCapsules.Request())
+        ros.spin_for(0.3)
+        assert not pending.done() and by == []
+        loops[-1].close()
+
+        host.start()
+        loops.append(InputLoop(owner.context, owner.get_logger(), [], sub, host))
+        loops[-1].start()
         assert ros.spin_until(pending.done, 10.0)  # the early request, answered now
         t_end = time.monotonic() + 5.0
-        while loop._served is None and time.monotonic() < t_end:
+        while loops[-1]._served is None and time.monotonic() < t_end:
             time.sleep(0.005)
-        assert loop._served is not None and host._thread is None
+        assert loops[-1]._served is not None and host._thread is None
         by.clear()
-        for k in range(5):
+        for k in range(100):  # a backlog of 0.2 s of steps
             pub.publish(Float64MultiArray(data=[float(k)]))
-            ros.call(ls, ListCapsules.Request())
-        assert ros.spin_until(lambda: len(got) >= 5, 10.0)
-        assert by == ["flashrt-inputs"] * 5 and host.serving_thread == "flashrt-inputs"
-        assert [v for _, v in got[-5:]] == [0.0, 1.0, 2.0, 3.0, 4.0]
-        assert {t for t, _ in got} == {"flashrt-inputs"}
+        assert ros.spin_until(lambda: len(got) > 0, 10.0)
+        ros.call(ls, ListCapsules.Request())
+        stepped = len(got)
+        assert by == ["flashrt-inputs"] and stepped < 100, stepped  # between two steps
+        assert ros.spin_until(lambda: len(got) >= 100, 10.0)
+        assert [v for _, v in got] == [float(k) for k in range(100)]  # none lost, in order
+        assert {t for t, _ in got} == {"flashrt-inputs"} and host.serving_thread == "flashrt-inputs"
     finally:
-        loop.close()
-    assert host._thread is not None and host._thread.is_alive()  # handed back
-    ros.call(ls, ListCapsules.Request())
-    assert by[-1] == "flashrt-services"
-    host.destroy()
+        for loop in loops:
+            loop.close()
+    try:
+        assert host._thread is not None and host._thread.is_alive()  # handed back
+        ros.call(ls, ListCapsules.Request())
+        assert by[-1] == "flashrt-services"
+    finally:
+        host.destroy()
+        owner.destroy_subscription(sub)
+        ros.node.destroy_publisher(pub)

@@ -147,6 +147,7 @@ class ServiceHost(WaitLoop):
                     )
             with self._hand:
                 self._thread = None
+            self._resume_parked()
             yield True
         finally:
             if taken:
@@ -158,6 +159,7 @@ class ServiceHost(WaitLoop):
                         # (realtime_priority), whose policy a new thread inherits: the
                         # services run normally scheduled
                         normal_scheduling(self._thread)
+                        self._resume_parked()
 
     @contextlib.contextmanager
     def lent(self) -> Iterator[Callable[..., None] | None]:
@@ -188,6 +190,14 @@ class ServiceHost(WaitLoop):
         with self._taken_over(wanted_only=True) as taken:
             yield (list(self._guards), list(self._services)) if taken else None
 
+    def _resume_parked(self) -> None:
+        """A handler's future may have completed while the serving changed hands (the wait
+        that saw its guard was the one told to stop): trigger a guard again, so the new
+        server resumes it at once, not at its next wake-up."""
+        if self._parked and self._guards:
+            with contextlib.suppress(Exception):
+                self._guards[0].trigger()
+
     def wake(self) -> None:
         """End the current wait (of this host's thread or a borrower's) now."""
         with contextlib.suppress(Exception):  # destroyed: nobody waits any more
@@ -198,7 +208,12 @@ class ServiceHost(WaitLoop):
         return [], list(self._guards), list(self._services)
 
     def _on_ready(self, ws) -> None:
-        self.serving_thread = threading.current_thread().name
+        try:
+            self._handle(ws)
+        except Exception as e:  # whoever serves (a borrower steps too) goes on
+            self.log.error(f"serving failed: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
+
+    def _handle(self, ws) -> None:
         ready = ws.get_ready_entities("guard_condition")
         if ready:
             for gc in self._guards:
@@ -227,6 +242,7 @@ class ServiceHost(WaitLoop):
                 return
             if header is None:
                 return
+            self.serving_thread = threading.current_thread().name
             received = getattr(header, "received_timestamp", 0)  # 0: not stamped
             if received > 0 and self.on_served is not None:
                 self.on_served((time.time_ns() - received) * 1e-9, None)
@@ -266,8 +282,11 @@ class ServiceHost(WaitLoop):
 
     def destroy(self) -> None:
         self.close()
-        if self._thread is None:  # the loop has ended: its parked handlers are ours to close
+        with self._hand:  # no loop and no borrower: the parked handlers are ours to close
+            mine = self._thread is None and not self._lent
+        if mine:
             for coro, _, _ in self._parked:
-                coro.close()
+                with contextlib.suppress(Exception):
+                    coro.close()
             self._parked = []
         self.node.destroy_node()  # deferred by rcl while the loop still holds the handles

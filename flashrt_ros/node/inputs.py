@@ -62,7 +62,8 @@ class InputLoop(WaitLoop):
         return subs, guards, services
 
     def _on_ready(self, ws) -> None:
-        if self._served is not None:  # the services first: each request between two steps
+        served = self._served is not None
+        if served:  # the services first: each request between two steps
             self.host._on_ready(ws)
         ready = ws.get_ready_entities("subscription")
         if not ready:  # the stop guard, or the once-a-second look at the context
@@ -82,6 +83,8 @@ class InputLoop(WaitLoop):
                 if got is None:
                     return
                 self._call(sub, got)
+                if served:  # back to the wait (ready at once): requests go between two steps
+                    return
                 first = False
 
     def _take(self, sub) -> tuple[object, float] | None:

@@ -250,8 +250,7 @@ class FlashrtNode(LifecycleNode):
                 wake=self.service_host.wake,
             )
             self.diagnostics.by_loop = True
-            self._loop.start()
-            self._realtime(self._loop.thread)
+            self._realtime(self._loop.start())
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
 
@@ -286,9 +285,9 @@ class FlashrtNode(LifecycleNode):
             self._start_inputs()
 
     def _start_inputs(self) -> None:
-        self._inputs.start()
+        thread = self._inputs.start()
         if self.cfg.trigger == "observation":  # its thread steps
-            self._realtime(self._inputs.thread)
+            self._realtime(thread)
 
     def _realtime(self, thread) -> None:
         """The stepping thread at `realtime_priority` (0: left as it is)."""

@@ -29,10 +29,10 @@ requests in the slack between two ticks (`lent()`; loop.TimerLoop); in observati
 inputs' thread serves them between two observations (`borrowed()`; inputs.InputLoop). This
 host's thread stays stopped meanwhile.
 Two Python threads that both wake up often hand the GIL to each other at every wake-up, and a
-request waited for the control thread's Python (and the tick for the request's) each time: on
-the 2-core CPU machine a ListCapsules round trip went from 365 us p50 with the node idle to 441
-us with the timer loop at 500 Hz, 540 us in observation mode (bench/service_contention.py).
-The thread that steps is now the one that serves, so neither waits for the other.
+request waited for the control thread's Python (and the tick for the request's) each time.
+With the thread that steps serving, a ListCapsules round trip with the timer loop at 500 Hz is
+the idle node's on the H200 machine (bench/service_contention.py, results 8a65c67: 251 vs 257 us
+p50), and the handlers' p50 went from 144 to 50-66 us (ros_bench, af76542 vs 52a3f6c, b54a91b).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 
-from flashrt_ros.node.loop import normal_scheduling
+from flashrt_ros.node.loop import set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
 
 
@@ -158,7 +158,7 @@ class ServiceHost(WaitLoop):
                         # started by a thread that may run under SCHED_FIFO
                         # (realtime_priority), whose policy a new thread inherits: the
                         # services run normally scheduled
-                        normal_scheduling(self._thread)
+                        set_realtime(self._thread, 0)
                         self._resume_parked()
 
     @contextlib.contextmanager

@@ -34,31 +34,20 @@ def precise_sleeps() -> bool:
 
 
 def set_realtime(thread: threading.Thread | None, priority: int) -> str:
-    """Give a started thread SCHED_FIFO at `priority` (the `realtime_priority` parameter):
-    "" when done, else why not (no permission, not Linux). A FIFO thread runs before any
-    normally scheduled one the moment it wakes, so another process's thread cannot delay a
-    tick; the kernel's real-time throttling still leaves the others 5 % of each CPU."""
+    """Give a started thread SCHED_FIFO at `priority` (the `realtime_priority` parameter), or,
+    with priority 0, normal scheduling back (a new thread inherits its creator's policy): ""
+    when done, else why not (no permission, not Linux). A FIFO thread runs before any normally
+    scheduled one the moment it wakes, so another process's thread cannot delay a tick; the
+    kernel's real-time throttling still leaves the others 5 % of each CPU."""
     tid = getattr(thread, "native_id", None)
     if not hasattr(os, "SCHED_FIFO") or tid is None:
         return "SCHED_FIFO is not available here"
+    policy = os.SCHED_FIFO if priority > 0 else os.SCHED_OTHER
     try:
-        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+        os.sched_setscheduler(tid, policy, os.sched_param(priority))
     except OSError as e:
         return f"{e.strerror} (needs CAP_SYS_NICE or `ulimit -r` >= {priority})"
     return ""
-
-
-def normal_scheduling(thread: threading.Thread | None) -> None:
-    """Put a started thread back under normal scheduling (a thread inherits its creator's
-    SCHED_FIFO); nothing where that is not possible or not needed."""
-    tid = getattr(thread, "native_id", None)
-    if tid is None or not hasattr(os, "SCHED_OTHER"):
-        return
-    try:
-        if os.sched_getscheduler(tid) != os.SCHED_OTHER:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-    except OSError:  # gone meanwhile, or not ours to change
-        pass
 
 
 class EngineLock:
@@ -173,7 +162,7 @@ class TimerLoop:
     decides itself whether the room left is enough for it; an exception goes to `on_error`.
 
     `serving()`, when given, is a context manager (host.ServiceHost.lent) entered on this
-    thread for as long as the loop runs; it yields `serve(timeout_s)`, or None. The loop then
+    thread for as long as the loop runs; it yields `serve(timeout_s, stop)`, or None. The loop then
     waits for its deadlines in `serve`, so requests are answered by this thread between two
     ticks: until the final spin before a deadline, and a request that comes later waits for
     the tick. A request taken just before the spin may delay the tick by its
@@ -202,10 +191,12 @@ class TimerLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self) -> threading.Thread:
+        """Run the loop on its thread (`flashrt-control`) until stop(); returns it."""
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="flashrt-control", daemon=True)
         self._thread.start()
+        return self._thread
 
     def stop(self) -> None:
         self._stop.set()
@@ -220,10 +211,6 @@ class TimerLoop:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    @property
-    def thread(self) -> threading.Thread | None:
-        return self._thread
 
     def _run(self) -> None:
         precise_sleeps()

@@ -46,15 +46,12 @@ class WaitLoop:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    @property
-    def thread(self) -> threading.Thread | None:
-        return self._thread
-
-    def start(self) -> None:
-        """Run the loop on a thread of its own (`thread_name`) until stop()."""
+    def start(self) -> threading.Thread:
+        """Run the loop on a thread of its own (`thread_name`) until stop(); returns it."""
         self._stop.clear()
         self._thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
         self._thread.start()
+        return self._thread
 
     def stop(self, timeout: float = 1.0) -> bool:
         """End the loop (the stop guard wakes it); False when it is still busy after `timeout`

@@ -164,7 +164,7 @@ class InputBuffers:
         # Only a staging buffer of its own keeps what was staged: on the CPU the step reads the
         # device buffer itself, which a policy could write.
         self.keeps = cuda
-        self.staged: dict[str, np.ndarray] = {}  # name -> the immutable array staged last
+        self.staged: dict[str, np.ndarray | None] = {}  # name -> the immutable array staged last
         self.copies = 0  # staging copies made (tests, benchmarks)
         for s in specs:
             dt = torch.float32 if s.kind == "vector" else torch.uint8
@@ -185,10 +185,8 @@ class InputBuffers:
         dst = self.np[name]
         np.copyto(dst, x if x.ndim == dst.ndim else x.reshape(dst.shape))
         self.copies += 1
-        if self.keeps and x.dtype == np.uint8 and immutable(x):
-            self.staged[name] = x
-        else:
-            self.staged.pop(name, None)
+        if self.keeps:
+            self.staged[name] = x if x.dtype == np.uint8 and immutable(x) else None
 
 
 def check_dict(

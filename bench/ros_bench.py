@@ -562,11 +562,14 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
     us = lambda a: np.asarray(a) * 1e6  # noqa: E731
     diag = cl.latest_diag(3.0)
     nd = diag_numbers(diag)
-    by = {
+    per = {  # service_<name>[_queue|_reply]_p50_us -> <name>[_queue|_reply]
         k[len("service_") : -len("_p50_us")]: float(v)
         for k, v in diag.items()
-        if k.startswith("service_") and k.endswith("_p50_us") and k[8:-7] in SERVICES_TIMED
+        if k.startswith("service_") and k.endswith("_p50_us")
     }
+    by = {k: v for k, v in per.items() if k in SERVICES_TIMED}
+    queue_by = {k: per.get(f"{k}_queue") for k in SERVICES_TIMED if f"{k}_queue" in per}
+    reply_by = {k: per.get(f"{k}_reply") for k in SERVICES_TIMED if f"{k}_reply" in per}
     out = {
         "node_handler_p50_us": nd.get("service_p50_us"),
         "node_handler_p99_us": nd.get("service_p99_us"),
@@ -576,6 +579,8 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
         "node_reply_p50_us": nd.get("service_reply_p50_us"),
         "node_lock_wait_p50_us": nd.get("service_lock_wait_p50_us"),
         "node_handler_by_service_p50_us": by,  # handler alone, per service
+        "node_queue_by_service_p50_us": queue_by,  # reception to take, per service
+        "node_reply_by_service_p50_us": reply_by,  # sending the reply, per service
         "calls": n,
         "failures": len(fails),
         "first_failures": fails[:3],

@@ -50,7 +50,7 @@ def test_checkpoint_restore_gives_identical_commands(fresh):
     r = fresh.call("restore", capsule="before_move", verify=True)
     assert r.success and r.step == 20, r.message
     assert np.array_equal(fresh.run(OBS[20:70]), first)
-    # what happened is in the node's log (written after the replies, by the log thread)
+    # what happened is in the node's log (written after the replies, by the serving thread)
     want = [f"checkpoint: capsule {cp.capsule.id} of 'main' at step 20", "restore: restored"]
     assert fresh.ros.spin_until(lambda: all(w in fresh.proc.log_tail() for w in want), 5.0), (
         fresh.proc.log_tail()

@@ -102,6 +102,40 @@ def test_loop_serves_sync_async_and_failing_handlers_and_stops(ros, owner):
         host.destroy()
 
 
+def test_after_replies_runs_on_the_serving_thread_once_the_reply_is_sent(ros, owner):
+    """What services.py writes its log lines with: after the reply (a client already has it),
+    on the thread that served, with no thread of its own; and each service's take and reply
+    are reported under its own name."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    events: list[tuple] = []
+
+    def list_capsules(req, resp):
+        events.append(("handler", threading.current_thread().name))
+        resp.live_session = "served"
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
+    host.on_served = lambda name, queued, reply: events.append(
+        ("reply" if reply is not None else "take", name)
+    )
+    host.after_replies = lambda: events.append(("after", threading.current_thread().name))
+    host.start()
+    try:
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        assert ros.call(ls, ListCapsules.Request()).live_session == "served"
+        assert ros.spin_until(lambda: ("after", "flashrt-services") in events, 5.0), events
+        kinds = [e[0] for e in events]
+        # a middleware without reception stamps reports no take; the order is the point
+        assert kinds[kinds.index("handler") :] == ["handler", "reply", "after"], events
+        assert ("reply", "list_capsules") in events
+    finally:
+        host.stop()
+        host.destroy()
+
+
 def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
     from rcl_interfaces.msg import Log
     from rclpy.logging import LoggingSeverity

@@ -108,7 +108,8 @@ def test_services_keep_their_names_and_commit_boundaries(ros) -> None:
     # and sending the reply; both measured, both well under the test's timeouts
     queued, reply = float(diag["service_queue_p50_us"]), float(diag["service_reply_p50_us"])
     assert 0.0 < queued < 1e6 and 0.0 < reply < 1e6, diag
-    for name in ("checkpoint", "restore", "list_capsules"):  # the handler alone, per service
-        assert 0.0 < float(diag[f"service_{name}_p50_us"]) < 1e6, diag
+    for name in ("checkpoint", "restore", "list_capsules"):  # handler, take and reply per service
+        for part in ("", "_queue", "_reply"):
+            assert 0.0 < float(diag[f"service_{name}{part}_p50_us"]) < 1e6, (part, diag)
     assert "service_branch_p50_us" not in diag  # only the services called
     assert diag["services_thread"] == "flashrt-inputs"  # observation mode: the thread that steps

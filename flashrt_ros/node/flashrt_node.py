@@ -83,6 +83,7 @@ class FlashrtNode(LifecycleNode):
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
+        self.service_host.after_replies = self.control.write_said
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
         self.diagnostics = Diagnostics(
@@ -469,12 +470,17 @@ class FlashrtNode(LifecycleNode):
             if self._latest_obs is obs:
                 self._latest_obs = None
 
-    def _served(self, queued_s: float | None, reply_s: float | None) -> None:
-        with self.stats.lock:
+    def _served(self, service: str, queued_s: float | None, reply_s: float | None) -> None:
+        """All services' and each one's (/diagnostics: service_<name>_queue_p50_us and
+        service_<name>_reply_p50_us beside the handler's service_<name>_p50_us)."""
+        st = self.stats
+        with st.lock:
             if queued_s is not None:
-                self.stats.service_queue_us.add(queued_s * 1e6)
+                st.service_queue_us.add(queued_s * 1e6)
+                st.service_ring(f"{service}_queue").add(queued_s * 1e6)
             if reply_s is not None:
-                self.stats.service_reply_us.add(reply_s * 1e6)
+                st.service_reply_us.add(reply_s * 1e6)
+                st.service_ring(f"{service}_reply").add(reply_s * 1e6)
 
     def _on_tick_error(self, e: Exception) -> None:
         if not self.context.ok():  # shutting down (Ctrl-C): the loop is about to stop

@@ -274,7 +274,7 @@ class FlightServices:
     def _answer(self, what: str, resp, e: Exception):
         if isinstance(e, ValueError | CapacityError):  # BadRequest is a ValueError
             resp.message = f"{what} failed: {e}"
-            self.ctl.fast_log.warning(resp.message)
+            self.ctl.say(resp.message, warn=True)
         else:
             resp.message = f"{what} failed: fault ({self.ctl.fault(f'{what} request', e)})"
         resp.success = False
@@ -360,7 +360,7 @@ class FlightServices:
         )
         if info is not None:
             resp.capsule = capsule_msg(info)
-        self.ctl.fast_log.info(f"rewind: {resp.message}")
+        self.ctl.say(f"rewind: {resp.message}")
         return resp
 
     @staticmethod

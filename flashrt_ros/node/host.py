@@ -50,6 +50,11 @@ from flashrt_ros.node.loop import set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
 
 
+def _short(srv) -> str:
+    """A service's name without its namespace: /robot/flashrt/checkpoint -> checkpoint."""
+    return srv.srv_name.rsplit("/", 1)[-1]
+
+
 class ServiceHost(WaitLoop):
     """Names are resolved by the flashrt node (`~/checkpoint` -> `/<ns>/flashrt/checkpoint`,
     its remappings applied), so clients see the same names as before."""
@@ -77,10 +82,15 @@ class ServiceHost(WaitLoop):
         self._wanted = False  # start() was called: the thread serves when no one borrows
         self._lent = False
         self.serving_thread = ""  # the thread that served last (/diagnostics: services_thread)
-        # on_served(queued_s, reply_s), one of them None: at each take, how long the request
-        # waited in the middleware (from its reception stamp; not called where the middleware
-        # stamps none), and at each reply, how long it took to send
-        self.on_served: Callable[[float | None, float | None], None] | None = None
+        # on_served(service, queued_s, reply_s), one of the times None: at each take, how long
+        # the request waited in the middleware (from its reception stamp; not called where the
+        # middleware stamps none), and at each reply, how long it took to send. `service` is
+        # the last part of the service's name ("checkpoint").
+        self.on_served: Callable[[str, float | None, float | None], None] | None = None
+        # after_replies(): called by the serving thread once the replies of a wake-up are
+        # sent (services.py writes its log lines there: after the reply, and without waking
+        # another thread that would take the GIL from this one)
+        self.after_replies: Callable[[], None] | None = None
 
     def _not_serving(self, what: str) -> None:
         # the wait set is built once, when the loop starts (on its thread or a borrower's)
@@ -210,6 +220,8 @@ class ServiceHost(WaitLoop):
     def _on_ready(self, ws) -> None:
         try:
             self._handle(ws)
+            if self.after_replies is not None:
+                self.after_replies()
         except Exception as e:  # whoever serves (a borrower steps too) goes on
             self.log.error(f"serving failed: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
@@ -245,7 +257,7 @@ class ServiceHost(WaitLoop):
             self.serving_thread = threading.current_thread().name
             received = getattr(header, "received_timestamp", 0)  # 0: not stamped
             if received > 0 and self.on_served is not None:
-                self.on_served((time.time_ns() - received) * 1e-9, None)
+                self.on_served(_short(srv), (time.time_ns() - received) * 1e-9, None)
             try:
                 result = srv.callback(request, srv.srv_type.Response())
             except Exception as e:
@@ -275,7 +287,7 @@ class ServiceHost(WaitLoop):
             self.log.error(f"{srv.srv_name}: reply not sent: {type(e).__name__}: {e}")
             return
         if self.on_served is not None:
-            self.on_served(None, time.perf_counter() - t0)
+            self.on_served(_short(srv), None, time.perf_counter() - t0)
 
     def _failed(self, srv, e: Exception) -> None:
         self.log.error(f"{srv.srv_name}: handler raised {type(e).__name__}: {e}; no reply")

@@ -70,10 +70,12 @@ class LoopStats:
         # waited for the serving thread (a tick in progress, the GIL, a request before it)
         self.service_queue_us = Ring(512)
         self.service_reply_us = Ring(512)  # sending the reply (serialization, the write)
-        self.service_by: dict[str, Ring] = {}  # handler time per service, once it is called
+        # per service, once it is called: "<name>" its handler time, "<name>_queue" and
+        # "<name>_reply" as service_queue_us and service_reply_us
+        self.service_by: dict[str, Ring] = {}
 
     def service_ring(self, name: str) -> Ring:
-        """The handler-time ring of one service (made at its first request; lock held)."""
+        """One per-service ring, made at its first use (lock held)."""
         ring = self.service_by.get(name)
         if ring is None:
             ring = self.service_by[name] = Ring(256)

@@ -82,6 +82,7 @@ class LeRobotLike(nn.Module):
         self.uses_noise = noise
         self.calls = 0  # host-side count of real calls (CPU eager: one per inference)
         self.outputs: list[torch.Tensor] = []
+        self.batches: list[dict] = []  # what each real call was given
         if not noise:  # no `noise` parameter at all: the runtime must not pass one
             self.predict_action_chunk = self._predict_plain
 
@@ -110,6 +111,7 @@ class LeRobotLike(nn.Module):
 
     def _predict_plain(self, batch: dict) -> torch.Tensor:
         self.calls += 1
+        self.batches.append({k: v.detach().clone() for k, v in batch.items()})
         c = self.config
         y = torch.tanh(self._features(batch) @ self.w).view(-1, c.chunk_size, ACTION_DIM)
         if not self.uses_noise:

@@ -94,7 +94,31 @@ def test_the_module_runs_exactly_every_n_action_steps_ticks():
         kinds.append(eng.next_tick_kind())
         eng.step(o)
         assert module.calls == k // 4 + 1
-    assert kinds == ["infer", "queue", "queue", "queue"] * 3 + ["infer"]
+    # n_obs_steps 2: the tick before an infer records its observation, which the infer reads
+    assert kinds == ["infer", "queue", "queue", "record"] * 3 + ["infer"]
+
+
+def test_only_ticks_whose_observation_an_infer_reads_stage_it():
+    """A queue tick neither stages, uploads nor keeps the observation (an infer never reads
+    it): with n_obs_steps 3 and 6 action steps, the two ticks before each infer record it, and
+    the batch the module sees is the last 3 observations, as LeRobot's queue holds them."""
+    module = ll.LeRobotLike(n_action_steps=6, n_obs_steps=3)
+    eng = engine(module)
+    s = eng.session("main")
+    staged, kinds = [], []
+    for o in OBS[:13]:
+        kinds.append(eng.next_tick_kind())
+        before = s.inputs.copies
+        eng.step(o)
+        staged.append(s.inputs.copies - before)
+    assert kinds == (["infer", "queue", "queue", "queue", "record", "record"] * 2) + ["infer"]
+    n_in = len(eng.observation_spec())
+    assert staged == [0 if k == "queue" else n_in for k in kinds]
+    # the infer at tick 12 saw ticks 10, 11, 12, in order
+    top = module.batches[-1]["observation.images.top"][0]  # (T, C, H, W) in [0, 1]
+    for t, k in enumerate((10, 11, 12)):
+        want = torch.from_numpy(OBS[k]["observation.images.top"]).permute(2, 0, 1) / 255.0
+        assert torch.equal(top[t], want.float())
 
 
 def test_queue_ticks_pop_the_latest_chunk_in_order_and_the_chunk_is_the_plan_from_now():

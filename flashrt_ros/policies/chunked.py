@@ -14,9 +14,13 @@ Python deques around the model lives here, in the arena, so a capsule holds it:
 - the noise: when predict_action_chunk takes `noise`, a counter-based hash (rng.py) of a key
   and a counter kept in the arena, so a restore or a branch replays the same noise bit for bit.
 
-Two tick kinds, each captured as its own graph: "infer" (a new chunk) every n_action_steps
-ticks, "queue" (pop the next action) in between; with ensembling, or n_action_steps == 1,
-every tick infers. The host picks the kind from its mirror of the step counter.
+Tick kinds, each captured as its own graph: "infer" (a new chunk) every n_action_steps ticks,
+"queue" (pop the next action, reading no input) in between; with ensembling, or
+n_action_steps == 1, every tick infers. With n_obs_steps > 1 a third kind, "record", pops and
+also pushes the observation into the history: the last n_obs_steps - 1 ticks before an infer,
+whose observations that infer reads. Earlier pushes would be overwritten before any read, so
+the other queue ticks stage, upload and convert no image (1.8 MB a tick for two 640x480
+cameras). The host picks the kind from its mirror of the step counter.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from flashrt_ros.errors import BadRequest
 from flashrt_ros.policies.base import IMAGE_PREFIX, InputSpec, Policy, StateEntry
 from flashrt_ros.policies.rng import hashed_normal
 
-INFER, QUEUE = 0, 1
+INFER, QUEUE, RECORD = 0, 1, 2
 
 
 def feature_type(feature) -> str:
@@ -134,7 +138,8 @@ class ChunkedPolicy(Policy):
         horizon = getattr(cfg, "horizon", None) or self.chunk_len
         self.noise_shape = tuple(getattr(module, "noise_shape", (horizon, self.action_dim)))
         pops = self.coeff is None and self.n_action > 1
-        self.tick_kinds = ("infer", "queue") if pops else ("infer",)
+        kinds = ("infer", "queue", "record") if self.n_obs > 1 else ("infer", "queue")
+        self.tick_kinds = kinds if pops else ("infer",)
         base = policy_id or f"chunked:{type(module).__module__}.{type(module).__qualname__}"
         self.policy_id = (
             f"{base}/c{self.chunk_len}-n{self.n_action}-o{self.n_obs}-e{self.coeff}"
@@ -166,13 +171,14 @@ class ChunkedPolicy(Policy):
         return list(self._inputs)
 
     def tick_kind(self, step: int) -> int:
-        return INFER if len(self.tick_kinds) == 1 or step % self.n_action == 0 else QUEUE
+        cursor = step % self.n_action
+        if len(self.tick_kinds) == 1 or cursor == 0:
+            return INFER
+        # the next infer (at n_action - cursor ticks from now) reads this tick's observation
+        return RECORD if self.n_action - cursor < self.n_obs else QUEUE
 
     def tick_inputs(self, kind: int) -> tuple[str, ...]:
-        # a queue tick reads the inputs only to keep a history; with one step there is none
-        if kind == QUEUE and self.n_obs == 1:
-            return ()
-        return tuple(s.name for s in self._inputs)
+        return () if kind == QUEUE else tuple(s.name for s in self._inputs)
 
     def state_spec(self) -> list[StateEntry]:
         f32 = torch.float32
@@ -199,9 +205,11 @@ class ChunkedPolicy(Policy):
         self.step_kind(INFER, obs, state, action, chunk)
 
     def step_kind(self, kind, obs, state, action, chunk) -> None:
-        """One tick: push the inputs into the history, then infer (a new chunk) or pop."""
+        """One tick: push the inputs into the history (but a queue tick: see the module
+        docstring), then infer (a new chunk) or pop."""
         step = state["step"]  # (1,) ticks before this one
-        self._push(obs, state, step)
+        if kind != QUEUE:
+            self._push(obs, state, step)
         if kind == INFER:  # a queue tick keeps the history but never reads it
             pred = self.predict(self._batch(obs, state, step), state)
             if self.coeff is not None:

@@ -3,8 +3,9 @@ on the H200 machine): Engine.checkpoint timed whole and part by part. No ROS.
 
     python3 bench/capsule_probe.py [--policy builtin:hybrid] [--n 300] [--out FILE]
 
-Parts: "probe_issue" (the captured probe pass launched), "probe_wait" (the one host wait),
-"probe_read" (flags and hex checksum from pinned memory), "pool_put" (the slot's copies queued),
+Parts: "probe_issue" (the probe pass launched; with the kernels it also fills the free slot),
+"probe_wait" (the one host wait), "probe_read" (flags and hex checksum from pinned memory),
+"pool_put" (the pool's bookkeeping; without the kernels also the slot's copies queued),
 "pool_info"; and, whole, "checkpoint", "drop" and "restore" (unverified, then verified).
 """
 
@@ -21,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
-from flashrt_ros.capsules.checksum import hex_of  # noqa: E402
 
 
 def main() -> int:
@@ -55,22 +55,22 @@ def main() -> int:
         c4 = time.perf_counter()
         p0 = time.perf_counter()
         probe = eng._probe_of(s)
-        probe.issue()
+        slot = eng.pool.free_slot() if probe.fused else None
+        if slot is None:  # the pass, then the pool's copies
+            probe.issue()
+        else:  # the pass fills the free slot too
+            probe.issue(eng.pool.slab[slot], eng.pool.digest_row(slot))
         p1 = time.perf_counter()
         if eng._stream is not None:
             eng._wait()
         p2 = time.perf_counter()
-        vals = probe.host.tolist()
-        checksum = hex_of(vals[:2])
+        _bad, checksum = probe.result()
         p3 = time.perf_counter()
-        cap = eng.pool.put(
-            s.arena.buf,
-            session=s.name,
-            parent_id=s.parent_id,
-            step=s.steps,
-            digest=probe.digest,
-            checksum=checksum,
-        )
+        kw = dict(session=s.name, parent_id=s.parent_id, step=s.steps, checksum=checksum)
+        if slot is None:
+            cap = eng.pool.put(s.arena.buf, digest=probe.digest, **kw)
+        else:
+            cap = eng.pool.adopt(slot, **kw)
         p4 = time.perf_counter()
         eng.pool.info(cap)
         p5 = time.perf_counter()
@@ -90,6 +90,7 @@ def main() -> int:
         "policy": a.policy,
         "device": str(eng.device),
         "state_bytes": eng.state_nbytes,
+        "pass_fills_slot": bool(eng._probe_of(s).fused),
         "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},
         "p99_us": {k: round(float(np.percentile(v, 99)), 1) for k, v in t.items()},
     }

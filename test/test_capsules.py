@@ -261,12 +261,13 @@ def test_checkpoint_computes_the_checksum_once_and_never_reads_it_back_again(mon
     persist too. On CUDA this is what makes a checkpoint one launch and one wait."""
     from flashrt_ros.capsules import pool as pool_mod
     from flashrt_ros.runtime import engine as engine_mod
+    from flashrt_ros.runtime import probe as probe_mod
 
     eng = warmed(capsule_dir=tmp_path)
     eng.checkpoint()  # main's probe exists from the start; "alt"'s is made below on first use
     eng.create_session("alt")
     calls: list[str] = []
-    real = engine_mod.device_checksum
+    real = probe_mod.device_checksum
 
     def counted(buf, out=None):
         calls.append("probe")
@@ -275,7 +276,7 @@ def test_checkpoint_computes_the_checksum_once_and_never_reads_it_back_again(mon
     def forbidden(*_a, **_k):
         raise AssertionError("a checkpoint computed or read back the checksum a second time")
 
-    monkeypatch.setattr(engine_mod, "device_checksum", counted)
+    monkeypatch.setattr(probe_mod, "device_checksum", counted)
     monkeypatch.setattr(pool_mod, "device_checksum", forbidden)
     monkeypatch.setattr(pool_mod, "to_hex", forbidden)
     monkeypatch.setattr(engine_mod, "to_hex", forbidden)

@@ -10,6 +10,8 @@ failed check with what it measured. Where torch sees no CUDA device these tests 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytestmark = pytest.mark.cuda
@@ -84,8 +86,9 @@ def _cuda_engine(**kw):
 
 def test_checkpoint_is_one_captured_pass_and_one_host_wait(monkeypatch):
     """Engine.checkpoint on CUDA waits for the device exactly once (Engine._wait, after the
-    probe's graph: finite flags + checksum kernel + the copy into pinned memory) and syncs
-    nowhere else; the capsule's checksum and the slot's digest row are those of the bytes.
+    probe's graph: checksum and finite kernels, the copies into the free slot and its digest
+    row, the copy into pinned memory) and syncs nowhere else; the capsule's checksum and the
+    slot's digest row are those of the bytes.
 
     How syncs are counted: torch.cuda.set_sync_debug_mode("error") makes every implicit sync of
     a torch op raise (.cpu()/.tolist()/.item() of a device tensor, torch.equal, a pageable copy:
@@ -99,8 +102,7 @@ def test_checkpoint_is_one_captured_pass_and_one_host_wait(monkeypatch):
 
     eng = _cuda_engine(capsule_slots=2)
     probe = eng._probes["main"]  # made at start-up
-    assert probe.plan.graph is not None, "the probe must be a captured graph"
-    assert probe.whole, "the checksum kernel must be inside the probe's graph (NVRTC missing?)"
+    assert probe.fused, "the pass must be the kernels' driver graph (NVRTC or cuda-python missing?)"
     eng.drop(eng.checkpoint().id)  # warm-up; its slot is the one the next checkpoint takes
 
     inside = [False]
@@ -160,10 +162,12 @@ def test_checkpoint_refuses_nan_and_verify_catches_a_flipped_byte_on_cuda(tmp_pa
     goal = eng.session("main").views["goal"]
     old = goal.clone()
     goal.view(-1)[-1] = math.nan
+    free = eng.pool.free_slots()
     for persist in (False, True):
         with pytest.raises(BadRequest, match="NaN or Inf in goal"):
             eng.checkpoint(persist=persist)
     assert eng.capsules() == [] and list(tmp_path.iterdir()) == []
+    assert eng.pool.free_slots() == free  # the slot the pass wrote into stays free
     goal.copy_(old)
     cap = eng.checkpoint(persist=True)
     header, _payload = eng.store.read(tmp_path / f"{cap.id}.fcap")  # checks payload vs checksum
@@ -187,10 +191,10 @@ def test_checkpoint_probe_without_the_kernel_digests_after_the_replay(monkeypatc
 
     from flashrt_ros.capsules import checksum as checksum_mod
     from flashrt_ros.capsules.checksum import reference_digest, to_hex
-    from flashrt_ros.runtime import engine as engine_mod
+    from flashrt_ros.runtime import probe as probe_mod
 
     eng = _cuda_engine()
-    for mod in (engine_mod, checksum_mod):
+    for mod in (probe_mod, checksum_mod):
         monkeypatch.setattr(mod, "kernel_ready", lambda buf: False)
     alt = eng.create_session("alt")
     eng.copy_session("main", "alt")
@@ -199,3 +203,57 @@ def test_checkpoint_probe_without_the_kernel_digests_after_the_replay(monkeypatc
     ref = reference_digest(alt.arena.buf)
     assert info.checksum == to_hex(ref) == eng.state_checksum("main")
     assert torch.equal(eng.pool.get(info.id).digest, ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_finite_kernel_flags_each_region_of_each_float_dtype(dtype):
+    """The checkpoint's finite kernel: a flag for exactly the regions holding NaN, +Inf or -Inf
+    (at their first, a middle and their last element), none for the largest finite values."""
+    import torch
+
+    from flashrt_ros.capsules.checksum import kernel_ready
+    from flashrt_ros.cuda import kernels
+    from flashrt_ros.cuda.driver import stream
+
+    dt = getattr(torch, dtype)
+    buf = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    counts = (7, 100, 1, 33)  # elements per region, each at a 1 KB offset
+    regions = [buf[k * 1024 : k * 1024 + n * dt.itemsize].view(dt) for k, n in enumerate(counts)]
+    big = torch.finfo(dt).max
+    table = torch.tensor(
+        [(k * 1024, n, kernels.FINITE_KINDS[dt]) for k, n in enumerate(counts)],
+        dtype=torch.int64,
+        device="cuda",
+    )
+    assert kernel_ready(buf) and kernels.finite_ready(0)  # built with the checksum kernel
+
+    def flags() -> list[int]:
+        bad = torch.zeros(len(counts), dtype=torch.int64, device="cuda")
+        kernels.launch_finite(buf, table, max(counts), bad, stream(0))
+        return bad.tolist()
+
+    for r in regions:
+        r.fill_(big)
+    regions[0][0] = -big
+    assert flags() == [0, 0, 0, 0]
+    for value, where in ((math.nan, 0), (math.inf, -1), (-math.inf, 50)):
+        for k, r in enumerate(regions):
+            old = r.clone()
+            r[min(where, r.numel() - 1) if where >= 0 else where] = value
+            assert flags() == [int(i == k) for i in range(len(counts))], (value, k)
+            r.copy_(old)
+
+
+def test_checkpoint_with_a_full_pool_evicts_and_restores_on_cuda():
+    """No free slot: the pass checks, then the pool evicts the least recently used capsule and
+    copies (the path without the slot in the pass); every kept capsule restores verified."""
+    from test.engine_util import observations
+
+    eng = _cuda_engine(capsule_slots=2)
+    caps = []
+    for i, o in enumerate(observations(4, seed=3)):
+        eng.step(o)
+        caps.append(eng.checkpoint(name=f"k{i}"))
+    assert [c.name for c in eng.capsules()] == ["k2", "k3"]
+    for c in caps[2:]:
+        assert eng.restore(c.name, verify=True).checksum == c.checksum

@@ -37,11 +37,11 @@ def kernel_ready(buf: torch.Tensor) -> bool:
     )
 
 
-def launch_checksum(buf: torch.Tensor, out: torch.Tensor) -> bool:
-    """out <- the kernel's digest of buf, issued directly on the current stream, so a graph
-    being captured there takes it as two nodes (no one-node graph is cached for it). False,
-    having issued nothing, where kernel_ready(buf) is not true."""
-    return kernels.launch_checksum(buf, out, _LANES)
+def launch_checksum(buf: torch.Tensor, out: torch.Tensor, h=None) -> bool:
+    """out <- the kernel's digest of buf, issued directly on the current stream (or driver
+    stream `h`), so a graph being captured there takes it as two nodes (no one-node graph is
+    cached for it). False, having issued nothing, where kernel_ready(buf) is not true."""
+    return kernels.launch_checksum(buf, out, _LANES, h)
 
 
 def device_checksum(buf: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -150,9 +150,7 @@ class CapsulePool:
         `checksum` its hex, both read from the same bytes (Engine.checkpoint's probe): the slot's
         digest row then gets a copy of `digest` instead of a second pass over the bytes (the copy
         is exact, so it is the slot's digest too), and the hex needs no readback later."""
-        if name:
-            check_capsule_name(name)
-            self.check_name_free(name)
+        self.check_new(name)
         if cid is not None and cid in self.caps:
             cid = None
         if src.numel() != self.nbytes:  # before a slot is taken (and somebody maybe evicted)
@@ -163,6 +161,45 @@ class CapsulePool:
         slot = self._take_slot()
         dst = self.slab[slot]
         copy_bytes(dst, src)  # device to device, or torch's copy for a host source
+        if lanes is None:
+            device_checksum(dst, out=self.digests[slot])
+        else:  # 16 bytes device to device, queued like the copy: no sync
+            copy_bytes(self._digest_bytes[slot], lanes)
+        return self._record(slot, name, session, parent_id, step, pinned, cid, stamp, checksum)
+
+    def check_new(self, name: str) -> None:
+        """BadName unless `name` ("" = none) may name a new capsule."""
+        if name:
+            check_capsule_name(name)
+            self.check_name_free(name)
+
+    def free_slot(self) -> int | None:
+        """The slot the next put takes when one is free (None: it would evict); for a caller
+        that fills it itself before adopt()."""
+        return self.free[-1] if self.free else None
+
+    def digest_row(self, slot: int) -> torch.Tensor:
+        """The 16 bytes of `slot`'s digest, for a caller that fills the slot itself."""
+        return self._digest_bytes[slot]
+
+    def adopt(
+        self,
+        slot: int,
+        *,
+        name: str = "",
+        session: str,
+        parent_id: str,
+        step: int,
+        pinned: bool = False,
+        checksum: str = "",
+    ) -> Capsule:
+        """A capsule for free `slot`, whose bytes and digest row the caller filled (the Engine's
+        checkpoint probe, in the pass that checked them): bookkeeping only."""
+        self.check_new(name)
+        self.free.remove(slot)  # ValueError when it is not free: nothing changed
+        return self._record(slot, name, session, parent_id, step, pinned, None, None, checksum)
+
+    def _record(self, slot, name, session, parent_id, step, pinned, cid, stamp, checksum):
         info = CapsuleInfo(
             id=cid or self.new_id(),
             name=name,
@@ -175,12 +212,7 @@ class CapsulePool:
             pinned=bool(pinned),
             stamp=time.time() if stamp is None else float(stamp),
         )
-        row = self.digests[slot]
-        if lanes is None:
-            device_checksum(dst, out=row)
-        else:  # 16 bytes device to device, queued like the copy: no sync
-            copy_bytes(self._digest_bytes[slot], lanes)
-        cap = Capsule(info, slot, None, row, next(self._clock))
+        cap = Capsule(info, slot, None, self.digests[slot], next(self._clock))
         self.caps[info.id] = cap
         return cap
 

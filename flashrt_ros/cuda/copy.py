@@ -55,6 +55,18 @@ def _memcpy(d: int, s: int, n: int, h) -> None:
     _drv_check(_drv.cuMemcpyDtoDAsync(_ptr(d), _ptr(s), n, h), "cuMemcpyDtoDAsync")
 
 
+def issue_dtod(dst: torch.Tensor, src: torch.Tensor, h) -> None:
+    """dst <- src (contiguous device tensors of equal bytes) on driver stream `h`: for callers
+    that build a graph of several operations (graphs.run)."""
+    _memcpy(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), h)
+
+
+def issue_dtoh(dst: torch.Tensor, src: torch.Tensor, h) -> None:
+    """pinned host dst <- device src on driver stream `h` (as issue_dtod)."""
+    n = src.numel() * src.element_size()
+    _drv_check(_drv.cuMemcpyDtoHAsync(dst.data_ptr(), _ptr(src.data_ptr()), n, h), "cuMemcpyDtoH")
+
+
 def _issued(memcpy) -> bool:
     """Whether ``memcpy()``, a cuda-python cuMemcpy*Async call (its handles converted inside
     it, so that a conversion failure counts too), was issued. On an exception or an error code

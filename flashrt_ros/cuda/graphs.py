@@ -30,6 +30,11 @@ _lock = threading.Lock()
 _ok = drv is not None
 
 
+def available() -> bool:
+    """Whether run() captures graphs here (cuda-python present, no capture has failed)."""
+    return _ok
+
+
 def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
     """Launch the graph of `fn(stream)` (driver calls on that stream, no allocation) on the
     current torch stream of device `index`; the first call for a key captures it. Returns

@@ -1,6 +1,8 @@
 """Kernels compiled at run time by NVRTC and launched through the driver (cuda-python):
-`build` compiles one (ring.py uses it too); this module's own is the capsule checksum, a
-128-bit digest of a byte buffer as one CUDA kernel.
+`build` compiles one (ring.py uses it too); this module's own are the capsule checksum, a
+128-bit digest of a byte buffer as one CUDA kernel, and the finite check of a checkpoint (a
+NaN/Inf flag per floating-point region of an arena, all regions in one launch), compiled
+together.
 
 Why not torch: the same digest in torch is a dozen elementwise kernels with state-sized int64
 temporaries (about 250 us for a 1 MB state on an H200, nearly all launch and allocation cost,
@@ -55,25 +57,60 @@ extern "C" __global__ void frt_checksum(const unsigned int* __restrict__ w,
         atomicAdd(out + 1, a1);
     }
 }
+// bad[r] <- 1 when region r of `base` holds a NaN or an Inf (bad is zeroed by the caller).
+// Region r is table[3r .. 3r+2] = (byte offset, element count, kind): 0 float32, 1 float64,
+// 2 float16, 3 bfloat16; non-finite means every exponent bit set.
+extern "C" __global__ void frt_finite(const unsigned char* __restrict__ base,
+                                      const long long* __restrict__ table, int n,
+                                      unsigned long long* bad) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int r = 0; r < n; ++r) {
+        long long off = table[3 * r], cnt = table[3 * r + 1], kind = table[3 * r + 2];
+        int hit = 0;
+        if (kind == 0) {
+            const unsigned int* p = (const unsigned int*)(base + off);
+            for (long long i = t; i < cnt; i += stride)
+                hit |= (__ldg(p + i) & 0x7f800000u) == 0x7f800000u;
+        } else if (kind == 1) {
+            const unsigned long long* p = (const unsigned long long*)(base + off);
+            for (long long i = t; i < cnt; i += stride)
+                hit |= (__ldg(p + i) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        } else {
+            const unsigned short m = kind == 2 ? 0x7c00 : 0x7f80;
+            const unsigned short* p = (const unsigned short*)(base + off);
+            for (long long i = t; i < cnt; i += stride) hit |= (__ldg(p + i) & m) == m;
+        }
+        if (__syncthreads_or(hit) && threadIdx.x == 0) bad[r] = 1ull;
+    }
+}
 """
+FINITE_KINDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
 THREADS = 256
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_funcs: dict[int, object] = {}  # device index -> CUfunction (None: compile failed)
+_funcs: dict[int, object] = {}  # device index -> checksum CUfunction (None: compile failed)
+_finite: dict[int, object] = {}  # device index -> finite-check CUfunction, built with it
 _blocks: dict[int, int] = {}
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+_FINITE_ARGTYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
 
 def build(index: int, source: str, name: str) -> object:
     """Compile CUDA C `source` for device `index` with NVRTC and return its kernel `name` (a
     CUfunction). Raises RuntimeError with NVRTC's log when it does not compile."""
+    return build_all(index, source, (name,))[0]
+
+
+def build_all(index: int, source: str, names: tuple[str, ...]) -> tuple:
+    """`build` for several kernels of one source: one compile."""
     if _drv is None or _nvrtc is None:
         raise RuntimeError("cuda-python's driver or NVRTC bindings are not installed")
     major, minor = torch.cuda.get_device_capability(index)
     prog = _check(
-        _nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
+        _nvrtc.nvrtcCreateProgram(source.encode(), f"{names[0]}.cu".encode(), 0, [], []),
         "nvrtcCreateProgram",
     )
     opts = [f"--gpu-architecture=sm_{major}{minor}".encode()]
@@ -89,7 +126,9 @@ def build(index: int, source: str, name: str) -> object:
     _nvrtc.nvrtcDestroyProgram(prog)
     ensure_context(index)
     module = _check(_drv.cuModuleLoadData(cubin), "cuModuleLoadData")
-    return _check(_drv.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
+    return tuple(
+        _check(_drv.cuModuleGetFunction(module, n.encode()), "cuModuleGetFunction") for n in names
+    )
 
 
 def sm_count(index: int) -> int:
@@ -98,11 +137,11 @@ def sm_count(index: int) -> int:
     return _blocks[index]
 
 
-def _compile(index: int, lanes: tuple) -> object:
+def _compile(index: int, lanes: tuple) -> tuple:
     src = SOURCE
     for k, (m1, m2) in enumerate(lanes):
         src = src.replace(f"LANE{k}_M1", f"{m1}ull").replace(f"LANE{k}_M2", f"{m2}ull")
-    return build(index, src, "frt_checksum")
+    return build_all(index, src, ("frt_checksum", "frt_finite"))
 
 
 def function(index: int, lanes: tuple):
@@ -110,13 +149,14 @@ def function(index: int, lanes: tuple):
     if index not in _funcs:
         with _lock:
             if index not in _funcs:
-                func = None
+                funcs = (None, None)
                 if _drv is not None and _nvrtc is not None:
                     try:
-                        func = _compile(index, lanes)
+                        funcs = _compile(index, lanes)
                     except Exception as e:  # report once, use the torch path
                         log.warning("checksum kernel unavailable (%s); using torch ops", e)
-                _funcs[index] = func
+                _finite[index] = funcs[1]
+                _funcs[index] = funcs[0]
     return _funcs[index]
 
 
@@ -139,3 +179,22 @@ def launch_checksum(buf: torch.Tensor, out: torch.Tensor, lanes: tuple, h=None) 
     params = ((buf.data_ptr(), n, out.data_ptr()), _ARGTYPES)
     _check(_drv.cuLaunchKernel(func, grid, 1, 1, THREADS, 1, 1, 0, h, params, 0), "cuLaunchKernel")
     return True
+
+
+def finite_ready(index: int) -> bool:
+    """Whether launch_finite works on this device (after function() was called there)."""
+    return _finite.get(index) is not None
+
+
+def launch_finite(buf: torch.Tensor, table: torch.Tensor, most: int, bad: torch.Tensor, h) -> None:
+    """bad[r] <- 1 where region r of `buf` (table: int64 (R, 3) on the device, rows of byte
+    offset, element count and kind as FINITE_KINDS; `most` the largest count) holds NaN or
+    Inf; `bad` (int64 [R]) must be zeroed before. On driver stream `h` (capturable: nothing
+    is read back); the caller checked finite_ready."""
+    index = buf.get_device()
+    grid = max(1, min(4 * sm_count(index), (most + THREADS - 1) // THREADS))
+    params = ((buf.data_ptr(), table.data_ptr(), table.shape[0], bad.data_ptr()), _FINITE_ARGTYPES)
+    _check(
+        _drv.cuLaunchKernel(_finite[index], grid, 1, 1, THREADS, 1, 1, 0, h, params, 0),
+        "cuLaunchKernel",
+    )

@@ -23,9 +23,6 @@ import torch
 
 from flashrt_ros.capsules.checksum import (
     device_checksum,
-    hex_of,
-    kernel_ready,
-    launch_checksum,
     to_hex,
 )
 from flashrt_ros.capsules.info import CapsuleInfo
@@ -44,8 +41,8 @@ from flashrt_ros.errors import (
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.flight import check_int, check_ticks, held_step, nonfinite_regions
-from flashrt_ros.runtime.graph import StepPlan
 from flashrt_ros.runtime.inputs import check_dict, numeric, resolve_encodings, vector, wire_shape
+from flashrt_ros.runtime.probe import CheckpointProbe
 from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
@@ -132,53 +129,6 @@ def _ref(x, what: str) -> str:
     if not isinstance(x, str) or not x:
         raise BadRequest(f"{what} must be a non-empty string, got {type(x).__name__} {x!r}")
     return x
-
-
-class CheckpointProbe:
-    """What a checkpoint must know of one session's arena, from one device pass and one
-    readback: the checksum (2 int64 lanes) and a finite flag per span of floating-point regions
-    (Arena.float_spans), in one int64 buffer `out` = [lane 0, lane 1, flag...]. On CUDA the
-    pass is a graph captured once per session (the flag kernels, the checksum kernel and the
-    copy of `out` into pinned `host`), so a checkpoint issues one launch and waits once, where
-    reading the flags and then the digest back cost a host sync each (and the flag kernels
-    issued eagerly ~0.5 ms of launches on an H200). A flag per region made the pass ~20 tiny
-    kernels, ~70 us of waiting on the H200 for builtin:hybrid (bench/capsule_probe.py)."""
-
-    def __init__(self, s: Session, regions: list[str], use_graph: bool):
-        self.session = s
-        self.regions = regions
-        buf = self._buf = s.arena.buf
-        on_cuda = buf.is_cuda
-        views = s.arena.float_spans(regions)  # a flag per span of regions (arena.py)
-        self.out = out = torch.zeros(2 + len(views), dtype=torch.int64, device=buf.device)
-        self.digest = digest = out[:2]
-        flags = out[2:]
-        # on the CPU the device buffer is the host buffer: nothing to copy
-        host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
-        self.host = host
-
-        def scan() -> None:
-            if views:
-                flags.copy_(torch.stack([torch.isfinite(v).all() for v in views]))
-            if whole:
-                if not (captured and launch_checksum(buf, digest)):
-                    device_checksum(buf, out=digest)
-                if on_cuda:
-                    copy_io(host, out)
-
-        self.plan = StepPlan(scan, buf.device, use_graph)
-        captured = self.plan.use_graph
-        # A graph takes the kernel's checksum (one launch, no temporaries) but not torch's: its
-        # state-sized temporaries would stay in the graph's pool; that one runs after the replay.
-        self.whole = whole = not captured or kernel_ready(buf)  # digest and readback in scan
-        self.plan.capture([])  # it reads the arena and writes only its own buffers
-
-    def issue(self) -> None:
-        """The pass and the readback, queued (on CUDA the caller waits once, then reads host)."""
-        self.plan.replay()
-        if not self.whole:
-            device_checksum(self._buf, out=self.digest)
-            copy_io(self.host, self.out)
 
 
 class Engine:
@@ -612,8 +562,23 @@ class Engine:
                 f"session {s.name!r} is poisoned ({why}): its state is not "
                 "worth keeping; restore, branch into or reset it first"
             )
-        probe, checksum = self._probe_finite(s)
         name = name or ""
+        if not persist and self._probe_of(s).fused:
+            slot = self.pool.free_slot()
+            if slot is not None:  # one pass fills the slot: no copy after the wait
+                self.pool.check_new(name)
+                _, checksum = self._probe_finite(s, slot)
+                cap = self.pool.adopt(
+                    slot,
+                    name=name,
+                    session=s.name,
+                    parent_id=s.parent_id,
+                    step=s.steps,
+                    pinned=pin,
+                    checksum=checksum,
+                )
+                return self.pool.info(cap)
+        probe, checksum = self._probe_finite(s)
         cid, path, stamp = None, None, None
         if persist:
             # everything that can refuse is checked, then the file is written, then the pool
@@ -712,23 +677,25 @@ class Engine:
             probe = self._probes[s.name] = CheckpointProbe(s, self._float_regions, self.use_graph)
         return probe
 
-    def _probe_finite(self, s: Session) -> tuple[CheckpointProbe, str]:
+    def _probe_finite(self, s: Session, slot: int | None = None) -> tuple[CheckpointProbe, str]:
         """The probe (its `digest` is the arena's on the device) and the arena's hex checksum,
-        after one pass and one wait; BadRequest naming the floating-point regions that hold
-        NaN/Inf, having changed nothing."""
+        after one pass and one wait; with `slot` (a free pool slot, the kernels' probe only)
+        the same pass copies the arena and its digest there. BadRequest naming the
+        floating-point regions that hold NaN/Inf, having changed nothing (the slot stays free)."""
         probe = self._probe_of(s)
-        probe.issue()
+        if slot is None:
+            probe.issue()
+        else:
+            probe.issue(self.pool.slab[slot], self.pool.digest_row(slot))
         if self._stream is not None:
             self._wait()
-        vals = probe.host.tolist()
-        if not all(vals[2:]):  # a span is not finite: which regions (a rare, slower path)
-            bad = [n for n in probe.regions if not bool(torch.isfinite(s.views[n]).all())]
-            if bad:  # else only padding between regions holds them: no state of the policy
-                raise BadRequest(
-                    f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
-                    "checkpoint it (restore, branch into or reset the session)"
-                )
-        return probe, hex_of(vals[:2])
+        bad, checksum = probe.result()
+        if bad:
+            raise BadRequest(
+                f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
+                "checkpoint it (restore, branch into or reset the session)"
+            )
+        return probe, checksum
 
     def _report_evictions(self) -> None:
         """Log the capsules the pool evicted to make room (LRU), once each."""

@@ -1,0 +1,137 @@
+"""The checkpoint probe: what a checkpoint must know of one session's arena (its checksum, and
+whether its floating-point regions hold NaN/Inf) from one device pass and one readback.
+
+Two ways, one result (`out` = [lane 0, lane 1, flag...] on the device, `host` its pinned copy):
+
+- kernels (CUDA with NVRTC and cuda-python): the checksum kernel and one finite-check kernel
+  over every floating-point region (a flag per region), in a driver graph (graphs.run) that may
+  also copy the arena into a free pool slot and the digest into the slot's row. A checkpoint
+  into a free slot is then one launch and one wait: the bytes are in the slot when the flags
+  are read, and a refused state leaves the slot free, unused. Before, the pass was ~8-20 tiny
+  torch kernels in a torch graph (28-70 us of waiting on the H200 for builtin:hybrid), then two
+  more launches for the slot (42 us of host time; bench/capsule_probe.py).
+- torch (the CPU, or CUDA without the kernels): a finite flag per span of neighbouring float
+  regions (Arena.float_spans) and the checksum, captured as a torch graph on CUDA; a span with a
+  non-finite value is checked again region by region, as its padding is not state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrt_ros.capsules.checksum import device_checksum, hex_of, kernel_ready, launch_checksum
+from flashrt_ros.cuda import graphs, kernels
+from flashrt_ros.cuda.copy import copy_io, issue_dtod, issue_dtoh
+from flashrt_ros.cuda.driver import check, drv, ptr, stream
+from flashrt_ros.runtime.graph import StepPlan
+
+
+class CheckpointProbe:
+    """One session's probe; `fused` says whether it is the kernels' (and can fill a slot)."""
+
+    def __init__(self, s, regions: list[str], use_graph: bool):
+        self.session = s
+        self.regions = regions
+        buf = self._buf = s.arena.buf
+        rows = {r.name: r for r in s.arena.rows}
+        # regions with bytes, as the kernel checks them (an empty one holds no NaN)
+        self._checked = [n for n in regions if rows[n].nbytes > 0]
+        dtypes = [s.views[n].dtype for n in self._checked]
+        self.fused = bool(
+            use_graph
+            and buf.is_cuda
+            and graphs.available()
+            and kernel_ready(buf)  # builds the checksum and finite kernels (one compile)
+            and kernels.finite_ready(buf.get_device())
+            and all(dt in kernels.FINITE_KINDS for dt in dtypes)
+        )
+        if self.fused:
+            table = [
+                (rows[n].offset, rows[n].nbytes // dt.itemsize, kernels.FINITE_KINDS[dt])
+                for n, dt in zip(self._checked, dtypes, strict=True)
+            ]
+            self._most = max((c for _, c, _ in table), default=0)
+            self._table = torch.tensor(table, dtype=torch.int64, device=buf.device).view(-1, 3)
+            n_flags = len(table)
+        else:
+            self._spans = s.arena.float_spans(regions)
+            n_flags = len(self._spans)
+        self.out = out = torch.zeros(2 + n_flags, dtype=torch.int64, device=buf.device)
+        self.digest = out[:2]
+        # on the CPU the device buffer is the host buffer: nothing to copy
+        on_cuda = buf.is_cuda
+        self.host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
+        self._fns: dict[int, object] = {}
+        if not self.fused:
+            self._capture_torch(use_graph)
+
+    # -- issuing -----------------------------------------------------------------------------------
+    def issue(self, slot: torch.Tensor | None = None, row: torch.Tensor | None = None) -> None:
+        """The pass and the readback, queued on the current stream (the caller waits once, then
+        calls result()). With the kernels, `slot` (uint8, the arena's size) and `row` (its
+        16-byte digest row) also receive the arena and its digest, in the same graph."""
+        if not self.fused:
+            if slot is not None:
+                raise ValueError("only the kernels' probe fills a slot")
+            self.plan.replay()
+            if not self.whole:
+                device_checksum(self._buf, out=self.digest)
+                copy_io(self.host, self.out)
+            return
+        key = 0 if slot is None else slot.data_ptr()
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = self._pass(slot, row)
+        index = self._buf.get_device()
+        if not graphs.run(("probe", self.out.data_ptr(), key), fn, index):
+            fn(stream(index))
+
+    def _pass(self, slot, row):
+        buf, out, host, table, most = self._buf, self.out, self.host, self._table, self._most
+        digest, flags, n_out = self.digest, out[2:], out.numel() * 8
+
+        def fn(h) -> None:
+            check(drv.cuMemsetD8Async(ptr(out.data_ptr()), 0, n_out, h), "cuMemsetD8Async")
+            launch_checksum(buf, digest, h)
+            if flags.numel():
+                kernels.launch_finite(buf, table, most, flags, h)
+            if slot is not None:
+                issue_dtod(slot, buf, h)
+                issue_dtod(row, digest.view(torch.uint8), h)
+            issue_dtoh(host, out, h)
+
+        return fn
+
+    def _capture_torch(self, use_graph: bool) -> None:
+        buf, out, host, digest, views = self._buf, self.out, self.host, self.digest, self._spans
+        flags, on_cuda = out[2:], buf.is_cuda
+
+        def scan() -> None:
+            if views:
+                flags.copy_(torch.stack([torch.isfinite(v).all() for v in views]))
+            if whole:
+                if not (captured and launch_checksum(buf, digest)):
+                    device_checksum(buf, out=digest)
+                if on_cuda:
+                    copy_io(host, out)
+
+        self.plan = StepPlan(scan, buf.device, use_graph)
+        captured = self.plan.use_graph
+        # A graph takes the kernel's checksum (one launch, no temporaries) but not torch's: its
+        # state-sized temporaries would stay in the graph's pool; that one runs after the replay.
+        self.whole = whole = not captured or kernel_ready(buf)  # digest and readback in scan
+        self.plan.capture([])  # it reads the arena and writes only its own buffers
+
+    # -- reading -----------------------------------------------------------------------------------
+    def result(self) -> tuple[list[str], str]:
+        """(the floating-point regions holding NaN/Inf, the hex checksum), once the pass is
+        done (after the caller's wait)."""
+        vals = self.host.tolist()
+        checksum = hex_of(vals[:2])
+        if self.fused:
+            return [n for n, f in zip(self._checked, vals[2:], strict=True) if f], checksum
+        if all(vals[2:]):  # a finite flag per span
+            return [], checksum
+        # a span is not finite: which regions (a rare, slower path); padding is not state
+        views = self.session.views
+        return [n for n in self.regions if not bool(torch.isfinite(views[n]).all())], checksum

@@ -159,30 +159,3 @@ def test_an_image_staged_once_is_not_copied_again_while_it_is_the_same_immutable
     w[:] = 255 - w
     step(top, w)
     assert inputs.copies == n + 8 + 4
-
-
-def test_large_images_are_staged_by_the_threaded_copy_exactly_and_quietly():
-    """Camera-sized images (a 640x480 rgb8 and a mono8 one) go to their pinned buffers through
-    torch's threaded copy: byte for byte, from a read-only view of a message's bytes or a
-    writable array, with no warning about the read-only one."""
-    import warnings
-
-    from flashrt_ros.policies.base import InputSpec
-    from flashrt_ros.runtime.inputs import InputBuffers
-
-    specs = [InputSpec("rgb", (3, 480, 640), "image"), InputSpec("mono", (1, 480, 640), "image")]
-    bufs = InputBuffers(specs, {"rgb": "rgb8", "mono": "mono8"}, torch.device("cuda"))
-    assert set(bufs._threaded) == {"rgb", "mono"}
-    rng = np.random.default_rng(2)
-    for writable in (False, True):
-        rgb = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
-        mono = rng.integers(0, 256, (480, 640), dtype=np.uint8)
-        if not writable:  # as node/cameras.py decodes a message
-            rgb = np.frombuffer(rgb.tobytes(), np.uint8).reshape(rgb.shape)
-            mono = np.frombuffer(mono.tobytes(), np.uint8).reshape(mono.shape)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            bufs.stage("rgb", rgb)
-            bufs.stage("mono", mono)
-        assert np.array_equal(bufs.np["rgb"], rgb)
-        assert np.array_equal(bufs.np["mono"][..., 0], mono)

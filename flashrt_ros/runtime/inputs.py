@@ -11,7 +11,6 @@ inside the captured step: uint8 crosses PCIe, not float32, and the host does no 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -150,18 +149,6 @@ def immutable(x: np.ndarray) -> bool:
     return isinstance(b, bytes)
 
 
-THREADED_COPY_BYTES = 256 << 10  # images from this size on are staged by torch's threaded copy
-
-
-def quiet_readonly_warning() -> None:
-    """Staging wraps camera images decoded in place (read-only numpy views of the message's
-    bytes) as tensors to copy from. torch warns once per process that such a tensor is not
-    writable; we only read it, so that one warning is taken here, silently."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        torch.from_numpy(np.frombuffer(b"\0\0\0\0", dtype=np.uint8))
-
-
 class InputBuffers:
     """Per input: `dev` (the static device buffer, (1, *wire shape)), `host` (pinned staging on
     CUDA, the device buffer itself on the CPU) and `np` (a numpy view of host row 0, so staging
@@ -179,12 +166,6 @@ class InputBuffers:
         self.keeps = cuda
         self.staged: dict[str, np.ndarray | None] = {}  # name -> the immutable array staged last
         self.copies = 0  # staging copies made (tests, benchmarks)
-        # Large images into pinned memory go through torch's copy, which splits them over its
-        # intra-op threads: a 640x480 rgb8 image took 48 us p50 / 90 us p99 with numpy's one
-        # thread on the H200 machine, 10 / 27 us over 8 threads (bench/staging_probe.py).
-        self._threaded: dict[str, torch.Tensor] = {}
-        if cuda:
-            quiet_readonly_warning()
         for s in specs:
             dt = torch.float32 if s.kind == "vector" else torch.uint8
             shape = (1, *self.shapes[s.name])
@@ -193,8 +174,6 @@ class InputBuffers:
                 torch.zeros(shape, dtype=dt, pin_memory=True) if cuda else self.dev[s.name]
             )
             self.np[s.name] = self.host[s.name][0].numpy()
-            if cuda and s.kind == "image" and self.np[s.name].nbytes >= THREADED_COPY_BYTES:
-                self._threaded[s.name] = self.host[s.name][0]
 
     def stage(self, name: str, x: np.ndarray) -> None:
         """Copy one checked input into its host buffer (one memcpy; an H x W mono image lands
@@ -204,12 +183,10 @@ class InputBuffers:
         if self.keeps and self.staged.get(name) is x:
             return
         dst = self.np[name]
-        x = x if x.ndim == dst.ndim else x.reshape(dst.shape)
-        big = self._threaded.get(name)
-        if big is not None:
-            big.copy_(torch.from_numpy(x))
-        else:
-            np.copyto(dst, x)
+        # One thread's copy: torch's, split over its intra-op threads, was 4x faster back to
+        # back but woke sleeping threads in a real loop, up to 2-10 ms p99 on the H200 machine
+        # (bench/staging_probe.py and queue_probe.py, 59f9ea8).
+        np.copyto(dst, x if x.ndim == dst.ndim else x.reshape(dst.shape))
         self.copies += 1
         if self.keeps:
             self.staged[name] = x if x.dtype == np.uint8 and immutable(x) else None

@@ -78,12 +78,19 @@ class CheckpointProbe:
                 device_checksum(self._buf, out=self.digest)
                 copy_io(self.host, self.out)
             return
-        key = 0 if slot is None else slot.data_ptr()
-        fn = self._fns.get(key)
-        if fn is None:
-            fn = self._fns[key] = self._pass(slot, row)
+        at = 0 if slot is None else slot.data_ptr()
+        known = self._fns.get(at)
+        if known is None:
+            # graphs.run caches by key for the process: the key names every address and size
+            # the pass bakes in, so a graph captured for buffers since freed is never launched
+            # for other ones that happen to reuse one of their addresses
+            ptrs = (self._buf, self.out, self.host, self._table)
+            key = ("probe", *(t.data_ptr() for t in ptrs), self._buf.numel(), self.out.numel())
+            key += (self._table.shape[0], self._most, at, 0 if row is None else row.data_ptr())
+            known = self._fns[at] = (key, self._pass(slot, row))
+        key, fn = known
         index = self._buf.get_device()
-        if not graphs.run(("probe", self.out.data_ptr(), key), fn, index):
+        if not graphs.run(key, fn, index):
             fn(stream(index))
 
     def _pass(self, slot, row):

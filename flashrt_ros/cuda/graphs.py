@@ -63,6 +63,38 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
     return True
 
 
+def owned(fn: Callable[[object], None], index: int):
+    """The graph of `fn(stream)` for a caller that keeps it with the buffers it names and
+    frees it with them (`release`); None where graphs are unavailable. Not cached by address:
+    a graph whose buffers were freed crashed the driver when launched for new buffers that got
+    the same addresses (a graph holding a copy into pinned memory, on the H200 machine)."""
+    if not _ok:
+        return None
+    try:
+        return _capture(fn, index)
+    except Exception as e:
+        _disable(e)
+        return None
+
+
+def launch(exe, index: int) -> None:
+    """Launch a graph from owned() on the current torch stream of device `index`."""
+    check(drv.cuGraphLaunch(exe, stream(index)), "cuGraphLaunch")
+
+
+def release(exes: list, index: int) -> None:
+    """Destroy graphs from owned() once the device is done with them (a finalizer's work:
+    errors, as at interpreter exit, are ignored)."""
+    try:
+        if exes:
+            torch.cuda.current_stream(index).synchronize()
+        for exe in exes:
+            drv.cuGraphExecDestroy(exe)
+    except Exception:  # noqa: BLE001 - the context may already be gone
+        pass
+    exes.clear()
+
+
 def _disable(e: Exception) -> None:
     global _ok
     log.warning("one-node graphs unavailable (%s); issuing copies directly", e)

@@ -4,8 +4,9 @@ whether its floating-point regions hold NaN/Inf) from one device pass and one re
 Two ways, one result (`out` = [lane 0, lane 1, flag...] on the device, `host` its pinned copy):
 
 - kernels (CUDA with NVRTC and cuda-python): the checksum kernel and one finite-check kernel
-  over every floating-point region (a flag per region), in a driver graph (graphs.run) that may
-  also copy the arena into a free pool slot and the digest into the slot's row. A checkpoint
+  over every floating-point region (a flag per region), in a driver graph of the probe's own
+  (graphs.owned) that may also copy the arena into a free pool slot and the digest into the
+  slot's row. A checkpoint
   into a free slot is then one launch and one wait: the bytes are in the slot when the flags
   are read, and a refused state leaves the slot free, unused. Before, the pass was ~8-20 tiny
   torch kernels in a torch graph (28-70 us of waiting on the H200 for builtin:hybrid), then two
@@ -16,6 +17,8 @@ Two ways, one result (`out` = [lane 0, lane 1, flag...] on the device, `host` it
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -61,8 +64,11 @@ class CheckpointProbe:
         # on the CPU the device buffer is the host buffer: nothing to copy
         on_cuda = buf.is_cuda
         self.host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
-        self._fns: dict[int, object] = {}
-        if not self.fused:
+        self._graphs: dict[int, object] = {}  # slot address (0: none) -> its graph
+        self._owned: list = []
+        if self.fused:
+            weakref.finalize(self, graphs.release, self._owned, buf.get_device()).atexit = False
+        else:
             self._capture_torch(use_graph)
 
     # -- issuing -----------------------------------------------------------------------------------
@@ -79,19 +85,19 @@ class CheckpointProbe:
                 copy_io(self.host, self.out)
             return
         at = 0 if slot is None else slot.data_ptr()
-        known = self._fns.get(at)
-        if known is None:
-            # graphs.run caches by key for the process: the key names every address and size
-            # the pass bakes in, so a graph captured for buffers since freed is never launched
-            # for other ones that happen to reuse one of their addresses
-            ptrs = (self._buf, self.out, self.host, self._table)
-            key = ("probe", *(t.data_ptr() for t in ptrs), self._buf.numel(), self.out.numel())
-            key += (self._table.shape[0], self._most, at, 0 if row is None else row.data_ptr())
-            known = self._fns[at] = (key, self._pass(slot, row))
-        key, fn = known
         index = self._buf.get_device()
-        if not graphs.run(key, fn, index):
-            fn(stream(index))
+        exe = self._graphs.get(at)
+        if exe is None:
+            # this probe's own graphs, freed with it (graphs.owned says why not graphs.run's
+            # cache by address); one per slot it has filled, and one without a slot
+            fn = self._pass(slot, row)
+            exe = graphs.owned(fn, index)
+            if exe is None:  # no graphs here: the same work issued directly
+                fn(stream(index))
+                return
+            self._graphs[at] = exe
+            self._owned.append(exe)
+        graphs.launch(exe, index)
 
     def _pass(self, slot, row):
         buf, out, host, table, most = self._buf, self.out, self.host, self._table, self._most

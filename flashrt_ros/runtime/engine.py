@@ -563,57 +563,38 @@ class Engine:
                 "worth keeping; restore, branch into or reset it first"
             )
         name = name or ""
+
+        def meta(checksum: str) -> dict:
+            return dict(
+                name=name,
+                session=s.name,
+                parent_id=s.parent_id,
+                step=s.steps,
+                pinned=pin,
+                checksum=checksum,
+            )
+
         if not persist and self._probe_of(s).fused:
             slot = self.pool.free_slot()
             if slot is not None:  # one pass fills the slot: no copy after the wait
                 self.pool.check_new(name)
                 _, checksum = self._probe_finite(s, slot)
-                cap = self.pool.adopt(
-                    slot,
-                    name=name,
-                    session=s.name,
-                    parent_id=s.parent_id,
-                    step=s.steps,
-                    pinned=pin,
-                    checksum=checksum,
-                )
-                return self.pool.info(cap)
+                return self.pool.info(self.pool.adopt(slot, **meta(checksum)))
         probe, checksum = self._probe_finite(s)
         cid, path, stamp = None, None, None
         if persist:
             # everything that can refuse is checked, then the file is written, then the pool
             # takes the capsule: a refused call changes nothing, on disk included
             self.store.require_folder()
-            if name:
-                check_capsule_name(name)
-                self.pool.check_name_free(name)
+            self.pool.check_new(name)
             self.pool.require_room()
             cid, stamp = self._fresh_id(), time.time()
-            info = CapsuleInfo(
-                id=cid,
-                name=name,
-                session=s.name,
-                parent_id=s.parent_id,
-                step=s.steps,
-                nbytes=self.state_nbytes,
-                tier="disk",
-                checksum=checksum,
-                pinned=pin,
-                stamp=stamp,
-            )
+            m = meta(checksum)
+            info = CapsuleInfo(id=cid, nbytes=self.state_nbytes, tier="disk", stamp=stamp, **m)
             path = self.store.persist(info, s.arena.buf)  # BadName when the file exists
         try:
             cap = self.pool.put(
-                s.arena.buf,
-                name=name,
-                session=s.name,
-                parent_id=s.parent_id,
-                step=s.steps,
-                pinned=pin,
-                cid=cid,
-                stamp=stamp,
-                digest=probe.digest,
-                checksum=checksum,
+                s.arena.buf, cid=cid, stamp=stamp, digest=probe.digest, **meta(checksum)
             )
             if cid is not None:
                 self.pool.claim_id(cid)

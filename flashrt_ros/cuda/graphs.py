@@ -5,9 +5,13 @@ Issuing cuMemcpyDtoDAsync directly costs ~8-12 us of host time on the H200 machi
 inspects both pointers on every call); launching an instantiated graph that holds the same
 memcpy node costs a third of that (bench/run_all.py copy_paths). The graphs are built and
 launched with the driver API (cuda-python), not torch.cuda.CUDAGraph, whose replay also
-refreshes its RNG seeds with two extra kernels on every call. A copy or a checksum is a pure
-function of its buffers' addresses and sizes, so the key names exactly what the graph
-does: a cached graph is right for any later buffer at the same address.
+refreshes its RNG seeds with two extra kernels on every call. A device-to-device copy or a
+checksum is a pure function of its buffers' addresses and sizes, so `run` caches it by them and
+launches it for any later buffer at the same address. A graph that also writes pinned host
+memory is not cached that way: the checkpoint pass (runtime/probe.py), keyed by every address and
+size it holds, crashed the driver when a graph captured for a dead engine was launched for a new
+engine whose buffers had the same addresses (the H200 machine). Such a graph is its caller's
+(`owned`), freed with the buffers it names.
 """
 
 from __future__ import annotations

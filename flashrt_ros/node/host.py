@@ -50,11 +50,6 @@ from flashrt_ros.node.loop import set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
 
 
-def _short(srv) -> str:
-    """A service's name without its namespace: /robot/flashrt/checkpoint -> checkpoint."""
-    return srv.srv_name.rsplit("/", 1)[-1]
-
-
 class ServiceHost(WaitLoop):
     """Names are resolved by the flashrt node (`~/checkpoint` -> `/<ns>/flashrt/checkpoint`,
     its remappings applied), so clients see the same names as before."""
@@ -76,6 +71,7 @@ class ServiceHost(WaitLoop):
         super().__init__(owner.context, owner.get_logger())
         self.group = ReentrantCallbackGroup()
         self._services: list = []
+        self._names: dict = {}  # service -> its short name (create_service)
         self._guards: list = []
         self._parked: list = []  # (coroutine, service, header) awaiting a future
         self._hand = threading.Lock()  # who serves: this host's thread, or a borrower's
@@ -107,6 +103,9 @@ class ServiceHost(WaitLoop):
             callback_group=self.group,
         )
         self._services.append(srv)
+        # on_served's name: the one asked for ("~/checkpoint" -> "checkpoint"), as the
+        # handlers' own timings are named, whatever a remapping made of the full name
+        self._names[srv] = name.rsplit("/", 1)[-1]
         return srv
 
     def create_guard_condition(self, callback, callback_group=None):
@@ -219,9 +218,11 @@ class ServiceHost(WaitLoop):
 
     def _on_ready(self, ws) -> None:
         try:
-            self._handle(ws)
-            if self.after_replies is not None:
-                self.after_replies()
+            try:
+                self._handle(ws)
+            finally:
+                if self.after_replies is not None:
+                    self.after_replies()
         except Exception as e:  # whoever serves (a borrower steps too) goes on
             self.log.error(f"serving failed: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
@@ -257,7 +258,7 @@ class ServiceHost(WaitLoop):
             self.serving_thread = threading.current_thread().name
             received = getattr(header, "received_timestamp", 0)  # 0: not stamped
             if received > 0 and self.on_served is not None:
-                self.on_served(_short(srv), (time.time_ns() - received) * 1e-9, None)
+                self.on_served(self._names[srv], (time.time_ns() - received) * 1e-9, None)
             try:
                 result = srv.callback(request, srv.srv_type.Response())
             except Exception as e:
@@ -287,7 +288,7 @@ class ServiceHost(WaitLoop):
             self.log.error(f"{srv.srv_name}: reply not sent: {type(e).__name__}: {e}")
             return
         if self.on_served is not None:
-            self.on_served(_short(srv), None, time.perf_counter() - t0)
+            self.on_served(self._names[srv], None, time.perf_counter() - t0)
 
     def _failed(self, srv, e: Exception) -> None:
         self.log.error(f"{srv.srv_name}: handler raised {type(e).__name__}: {e}; no reply")

@@ -4,7 +4,7 @@ rclpy's `logger.info(text)` finds its caller before the one C call that writes t
 console, /rosout and the log file: per line, 5 calls of `inspect.getframeinfo` (source lookups)
 and 4-5 of `os.path.realpath` (an lstat per path component), 270 us p50 on the 2-core CPU
 machine against 5 us for the C call alone, all of it holding the GIL. One such
-line per served request (services.py writes them on a thread of its own) held the GIL while the
+line per served request (services.py then wrote them on a thread of its own) held the GIL while the
 next request waited to be woken and while control ticks were due: service round trips went
 from ~1.8 ms to ~1.1 ms and the 500 Hz loop's overruns from ~100 to ~15 in a few seconds of
 back-to-back calls, on that machine, without it.

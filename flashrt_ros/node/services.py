@@ -66,14 +66,19 @@ class Control:
         self._said: collections.deque[tuple[bool, str]] = collections.deque()
 
     def say(self, text: str, warn: bool = False) -> None:
-        """A line about a request, written after the reply (write_said)."""
+        """A line about a request, written after the reply (write_said). For handlers, which
+        the serving thread runs: a line said elsewhere waits for the next served wake-up."""
         self._said.append((warn, text))
 
     def write_said(self) -> None:
-        """Write the held lines: the serving thread after its replies, and on close."""
+        """Write the held lines: the serving thread after its replies, and close() (which may
+        overlap a handler still finishing at shutdown: each line is written once)."""
         said, log = self._said, self.fast_log
-        while said:
-            warn, text = said.popleft()
+        while True:
+            try:
+                warn, text = said.popleft()
+            except IndexError:
+                return
             if warn:
                 log.warning(text)
             else:

@@ -407,3 +407,33 @@ def test_float_spans_cover_neighbouring_regions_and_padding_is_no_state():
     s.views["last"].view(-1)[1] = math.nan
     with pytest.raises(BadRequest, match="holds NaN or Inf in last; refusing"):
         eng.checkpoint()
+
+
+def test_a_slot_filled_by_its_caller_is_adopted_with_bookkeeping_only():
+    """The pool's side of a checkpoint whose pass fills a free slot itself (on CUDA, the
+    probe's graph): adopt() records the capsule without copying, and it restores verified; a
+    slot that is not free, or a name that is taken, is refused with nothing changed."""
+    from flashrt_ros.capsules.checksum import device_checksum, to_hex
+    from flashrt_ros.errors import BadName
+
+    eng = warmed(capsule_slots=3)
+    pool, s = eng.pool, eng.session("main")
+    eng.checkpoint(name="taken")
+    slot = pool.free_slot()
+    assert slot is not None and slot in pool.free
+    pool.slab[slot].copy_(s.arena.buf)  # what the pass does: the bytes, then the digest row
+    digest = device_checksum(s.arena.buf)
+    pool.digest_row(slot).copy_(digest.view(torch.uint8))
+    before = (list(pool.free), sorted(pool.caps))
+    with pytest.raises(BadName):
+        pool.adopt(slot, name="taken", session="main", parent_id="", step=s.steps)
+    busy = next(c.slot for c in pool.caps.values())
+    with pytest.raises(ValueError):
+        pool.adopt(busy, session="main", parent_id="", step=s.steps)
+    assert (list(pool.free), sorted(pool.caps)) == before
+    cap = pool.adopt(slot, session="main", parent_id="", step=s.steps, checksum=to_hex(digest))
+    assert cap.slot == slot and slot not in pool.free
+    want = eng.step(observations(1, seed=4)[0])
+    info = eng.restore(cap.info.id, verify=True)  # the digest row is the slot's bytes' digest
+    assert info.checksum == to_hex(digest) == eng.state_checksum()
+    assert np.array_equal(eng.step(observations(1, seed=4)[0]), want)

@@ -545,9 +545,11 @@ class Engine:
         pin: bool = False,
         persist: bool = False,
     ) -> CapsuleInfo:
-        """Freeze the session's state with one device copy into the pool, after one pass over it
-        (the session's CheckpointProbe: NaN/Inf flags and checksum) and one wait; the pool
-        copies the probe's digest for the slot, so nothing is computed or read back twice.
+        """Freeze the session's state with one device copy into the pool and one pass over it
+        (the session's CheckpointProbe: NaN/Inf flags and checksum), then one wait. With our
+        kernels and a free slot the pass itself copies the arena and its digest into the slot,
+        which the pool then records; otherwise the pool copies after the pass, and takes the
+        probe's digest for the slot. Nothing is computed or read back twice.
         A poisoned session, or a state holding NaN/Inf in a floating-point region, is refused:
         every capsule in the pool is finite by construction (files are checked on load), so a
         restore can never bring a non-finite state back unless the stored bytes changed, which

@@ -86,13 +86,13 @@ def launch(exe, index: int) -> None:
     check(drv.cuGraphLaunch(exe, stream(index)), "cuGraphLaunch")
 
 
-def release(exes: list, index: int) -> None:
-    """Destroy graphs from owned() once the device is done with them (a finalizer's work:
-    errors, as at interpreter exit, are ignored)."""
+def release(exes: dict, index: int) -> None:
+    """Destroy the graphs from owned() held as the values of `exes`, once the device is done
+    with them (a finalizer's work: errors, as at interpreter exit, are ignored)."""
     try:
         if exes:
             torch.cuda.current_stream(index).synchronize()
-        for exe in exes:
+        for exe in exes.values():
             drv.cuGraphExecDestroy(exe)
     except Exception:  # noqa: BLE001 - the context may already be gone
         pass

@@ -30,9 +30,10 @@ inputs' thread serves them between two observations (`borrowed()`; inputs.InputL
 host's thread stays stopped meanwhile.
 Two Python threads that both wake up often hand the GIL to each other at every wake-up, and a
 request waited for the control thread's Python (and the tick for the request's) each time.
-With the thread that steps serving, a ListCapsules round trip with the timer loop at 500 Hz is
-the idle node's on the H200 machine (bench/service_contention.py, results 8a65c67: 251 vs 257 us
-p50), and the handlers' p50 went from 144 to 50-66 us (ros_bench, af76542 vs 52a3f6c, b54a91b).
+With the thread that steps serving, the handlers' p50 went from 144 to 50-66 us (ros_bench,
+af76542 vs 52a3f6c, b54a91b). A ListCapsules round trip with the timer loop at 500 Hz was the
+idle node's in one run on the H200 machine (bench/service_contention.py, 8a65c67: 251 vs 257 us
+p50) and about twice it in two later ones (6d2af72: 512 and 541 vs 255 and 395 us).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class ServiceHost(WaitLoop):
         # on_served(service, queued_s, reply_s), one of the times None: at each take, how long
         # the request waited in the middleware (from its reception stamp; not called where the
         # middleware stamps none), and at each reply, how long it took to send. `service` is
-        # the last part of the service's name ("checkpoint").
+        # the name it was created under, without "~/" ("checkpoint").
         self.on_served: Callable[[str, float | None, float | None], None] | None = None
         # after_replies(): called by the serving thread once the replies of a wake-up are
         # sent (services.py writes its log lines there: after the reply, and without waking

@@ -62,7 +62,8 @@ class Control:
         # line also publishes on /rosout and must not add to round trips. A logging thread of
         # their own cost more: woken per request, it took the GIL when the serving thread next
         # waited, and the next request (or tick) waited for it (restore - list round trips
-        # ~170 us against ~100 us without the line, 2-core CPU machine, 100 Hz timer).
+        # ~170 us against ~100 us without the line: 2-core CPU machine, 100 Hz timer, ad hoc,
+        # not committed).
         self._said: collections.deque[tuple[bool, str]] = collections.deque()
 
     def say(self, text: str, warn: bool = False) -> None:

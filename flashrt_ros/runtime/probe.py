@@ -65,9 +65,8 @@ class CheckpointProbe:
         on_cuda = buf.is_cuda
         self.host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
         self._graphs: dict[int, object] = {}  # slot address (0: none) -> its graph
-        self._owned: list = []
         if self.fused:
-            weakref.finalize(self, graphs.release, self._owned, buf.get_device()).atexit = False
+            weakref.finalize(self, graphs.release, self._graphs, buf.get_device()).atexit = False
         else:
             self._capture_torch(use_graph)
 
@@ -96,7 +95,6 @@ class CheckpointProbe:
                 fn(stream(index))
                 return
             self._graphs[at] = exe
-            self._owned.append(exe)
         graphs.launch(exe, index)
 
     def _pass(self, slot, row):

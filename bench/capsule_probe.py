@@ -31,6 +31,19 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fuse", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="before each round, one step and then this long idle, as between a node's ticks "
+        "(0: back to back, a hot loop)",
+    )
+    ap.add_argument(
+        "--gap-spin",
+        action="store_true",
+        help="spend the gap spinning instead of sleeping (a busy core: cold caches without the "
+        "idle core's wake-up)",
+    )
     a = ap.parse_args()
     eng = Engine(load_policy(a.policy), device=a.device, fuse=a.fuse)
     spec = eng.observation_spec()
@@ -43,7 +56,21 @@ def main() -> int:
         t.setdefault(name, []).append((t1 - t0) * 1e6)
 
     s = eng.session("main")
+    gap = a.gap_ms * 1e-3
+
+    def idle() -> None:
+        if not gap:
+            return
+        eng.step(obs)
+        end = time.perf_counter() + gap
+        if a.gap_spin:
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(gap)
+
     for i in range(a.n + 10):
+        idle()
         c0 = time.perf_counter()
         info = eng.checkpoint("main")
         c1 = time.perf_counter()
@@ -53,6 +80,7 @@ def main() -> int:
         c3 = time.perf_counter()
         eng.drop(info.id)
         c4 = time.perf_counter()
+        idle()
         p0 = time.perf_counter()
         probe = eng._probe_of(s)
         slot = eng.pool.free_slot() if probe.fused else None
@@ -91,6 +119,8 @@ def main() -> int:
         "device": str(eng.device),
         "state_bytes": eng.state_nbytes,
         "pass_fills_slot": bool(eng._probe_of(s).fused),
+        "gap_ms": a.gap_ms,
+        "gap": "spin" if a.gap_spin else "sleep",
         "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},
         "p99_us": {k: round(float(np.percentile(v, 99)), 1) for k, v in t.items()},
     }

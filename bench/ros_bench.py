@@ -324,6 +324,8 @@ def node_params(args, **extra) -> dict:
     p = {"device": args.device, "policy": args.policy, "obs_timeout_s": 0.5}
     if args.realtime_priority:
         p["realtime_priority"] = args.realtime_priority
+    if args.busy_wait:
+        p["busy_wait"] = True
     p.update(extra)
     return p
 
@@ -1040,7 +1042,7 @@ def run_floor_service(ros, args, n: int, log_dir: Path) -> dict:
 def run_floor_timer(ros, args, rate: float, seconds: float, log_dir: Path) -> dict:
     from bench.ros_floors import floor_summary, launch_floor
 
-    prio = [str(args.realtime_priority)] if args.realtime_priority else []
+    prio = [str(args.realtime_priority)] + (["busy"] if args.busy_wait else [])
     proc = launch_floor(ros, "timer", str(rate), *prio, log_dir=log_dir)
     cl = Client(ros, proc)
     try:
@@ -1200,6 +1202,13 @@ def main() -> int:
         default=0,
         help="the node's realtime_priority parameter, and the same SCHED_FIFO priority for the "
         "timer floor's thread (0 = normal scheduling for both)",
+    )
+    ap.add_argument(
+        "--busy-wait",
+        action="store_true",
+        help="the node's busy_wait parameter (its stepping thread polls instead of sleeping), "
+        "and the same for the timer floor's thread; the echo, image and service floors stay "
+        "plain rclpy nodes",
     )
     ap.add_argument(
         "--publish-offset",
@@ -1377,6 +1386,8 @@ def main() -> int:
         "device": args.device,
         "node_device": device_str,
         "policy": args.policy,
+        "busy_wait": args.busy_wait,
+        "realtime_priority": args.realtime_priority,
         "quick": q,
         "errors": errors,
         "torch": torch.__version__,

@@ -8,11 +8,12 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
                                              #   of the positions, depth 10)
     python bench/ros_floors.py service       # ~/list_capsules (flashrt_ros/ListCapsules), answers
                                              #   with an empty response at once
-    python bench/ros_floors.py timer RATE [PRIO]  # a thread with absolute deadlines and the
-                                             #   node's sleep-then-spin wait (flashrt_ros/node/
-                                             #   loop.py TimerLoop) publishing commands, no work;
-                                             #   PRIO: SCHED_FIFO priority, as the node's
-                                             #   realtime_priority
+    python bench/ros_floors.py timer RATE [PRIO] [busy]  # a thread with absolute deadlines
+                                             #   and the node's sleep-then-spin wait (flashrt_ros/
+                                             #   node/loop.py TimerLoop) publishing commands, no
+                                             #   work; PRIO: SCHED_FIFO priority, as the node's
+                                             #   realtime_priority; busy: yield the CPU in a loop
+                                             #   instead of sleeping, as the node's busy_wait
     python bench/ros_floors.py image         # image_raw (sensor_msgs/Image) -> image_echo, the
                                              #   same message object published back as-is
 
@@ -82,8 +83,15 @@ def floor_summary(proc) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-def _timer_thread(node, pub, rate: float, stop: threading.Event, stats: dict) -> None:
-    """TimerLoop._run without the tick: absolute deadlines, sleep, spin the last SPIN_S."""
+def _timer_thread(
+    node, pub, rate: float, stop: threading.Event, stats: dict, busy: bool = False
+) -> None:
+    """TimerLoop._run without the tick: absolute deadlines, sleep (busy: yield the CPU in a
+    loop, never sleeping), spin the last SPIN_S."""
+    if busy:
+        from flashrt_ros.node.loop import precise_sleeps
+
+        precise_sleeps()  # as the node's control thread
     from std_msgs.msg import Float64MultiArray
 
     period = 1.0 / rate
@@ -93,7 +101,12 @@ def _timer_thread(node, pub, rate: float, stop: threading.Event, stats: dict) ->
     deadline = time.monotonic() + period
     while not stop.is_set():
         remaining = deadline - time.monotonic()
-        if remaining > SPIN_S and stop.wait(remaining - SPIN_S):
+        if busy:
+            while deadline - time.monotonic() > SPIN_S and not stop.is_set():
+                os.sched_yield()
+            if stop.is_set():
+                break
+        elif remaining > SPIN_S and stop.wait(remaining - SPIN_S):
             break
         while time.monotonic() < deadline:
             pass
@@ -121,7 +134,7 @@ def _timer_thread(node, pub, rate: float, stop: threading.Event, stats: dict) ->
     )
 
 
-def floor_main(kind: str, rate: float | None, priority: int = 0) -> int:
+def floor_main(kind: str, rate: float | None, priority: int = 0, busy: bool = False) -> int:
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
@@ -165,8 +178,9 @@ def floor_main(kind: str, rate: float | None, priority: int = 0) -> int:
         sys.setswitchinterval(0.0005)
         pub = node.create_publisher(Float64MultiArray, "commands", 10)
         thread = threading.Thread(
-            target=_timer_thread, args=(node, pub, rate, stop, stats), daemon=True
+            target=_timer_thread, args=(node, pub, rate, stop, stats, busy), daemon=True
         )
+        stats["busy_wait"] = busy
     else:
         print(f"ros_floors: unknown floor {kind!r}", file=sys.stderr)
         return 2
@@ -201,4 +215,5 @@ if __name__ == "__main__":
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    sys.exit(floor_main(sys.argv[1], rate, int(sys.argv[3]) if len(sys.argv) > 3 else 0))
+    prio = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    sys.exit(floor_main(sys.argv[1], rate, prio, busy="busy" in sys.argv[4:]))

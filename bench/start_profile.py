@@ -37,8 +37,16 @@ t["import_flashrt"] = time.perf_counter() - t0; t0 = time.perf_counter()
 policy = load_policy(sys.argv[3])
 t["load_policy"] = time.perf_counter() - t0; t0 = time.perf_counter()
 fuse = {"auto": None, "on": True, "off": False}[sys.argv[5]]
+prof = sys.argv[6] if len(sys.argv) > 6 else ""
+if prof:
+    import cProfile
+    pr = cProfile.Profile()
+    pr.enable()
 e = Engine(policy, device=dev, compile_cache_dir=sys.argv[4] or None, fuse=fuse)
 t["engine"] = time.perf_counter() - t0
+if prof:
+    pr.disable()
+    pr.dump_stats(prof)
 t.update({"engine." + k: v for k, v in e.build_s.items()})
 t0 = time.perf_counter()
 spec = e.observation_spec()
@@ -56,11 +64,14 @@ print("PROFILE " + json.dumps(out))
 """
 
 
-def start(policy: str, device: str, cache: str, fuse: str) -> dict:
+def start(
+    policy: str, device: str, cache: str, fuse: str, prof: str = "", env_extra: dict | None = None
+) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.update(env_extra or {})
     t = time.time()
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, repr(t), device, policy, cache, fuse],
+        [sys.executable, "-c", CHILD, repr(t), device, policy, cache, fuse, prof],
         capture_output=True,
         text=True,
         env=env,
@@ -77,17 +88,45 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--policy", default="builtin:hybrid")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="also a third warm start with the Engine's build under cProfile: OUT/warm.prof and "
+        "its 40 costliest calls (cumulative) in OUT/warm_profile.txt",
+    )
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more warm start with these variables set (row warm_env); repeatable",
+    )
     args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = {}
     with tempfile.TemporaryDirectory() as cache:
         rows["cold"] = start(args.policy, args.device, cache, "auto")
         rows["warm"] = start(args.policy, args.device, cache, "auto")
         rows["warm2"] = start(args.policy, args.device, cache, "auto")
         rows["unfused"] = start(args.policy, args.device, cache, "off")
+        if args.env:
+            extra = dict(e.split("=", 1) for e in args.env)
+            rows["warm_env"] = {
+                "env": extra,
+                **start(args.policy, args.device, cache, "auto", env_extra=extra),
+            }
+        if args.cprofile:
+            prof = out / "warm.prof"
+            rows["warm_cprofile"] = start(args.policy, args.device, cache, "auto", str(prof))
+            import io
+            import pstats
+
+            text = io.StringIO()
+            pstats.Stats(str(prof), stream=text).sort_stats("cumulative").print_stats(40)
+            (out / "warm_profile.txt").write_text(text.getvalue())
     for k, v in rows.items():
         print(k, v, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "start_profile.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 

@@ -117,3 +117,29 @@ def test_timing_reports_how_long_an_overrunning_tick_took():
     loop.stop()
     assert len(seen) >= 3 and all(m >= 2 for _, m, _ in seen), seen
     assert all(took >= 2.5 * period > jitter for jitter, _, took in seen), seen
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_busy_wait_polls_between_ticks_and_keeps_the_deadlines(busy: bool):
+    """busy=True (the `busy_wait` parameter): the control thread never sleeps between ticks,
+    so its CPU time is about the wall time (one core); without it, a cheap tick at 200 Hz
+    leaves the thread asleep most of the time. The deadlines are the same absolute ones."""
+    ticks: list[float] = []
+    cpu: list[float] = []
+
+    def tick(deadline: float) -> None:
+        ticks.append(deadline)
+        cpu.append(time.thread_time())  # the control thread's own CPU time
+
+    loop = TimerLoop(200.0, tick, on_timing=lambda *_: None, on_error=pytest.fail, busy=busy)
+    loop.start()
+    time.sleep(0.6)
+    loop.stop()
+    assert len(ticks) >= 40, len(ticks)
+    gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
+    share = (cpu[-1] - cpu[0]) / (ticks[-1] - ticks[0])  # CPU seconds per second
+    if busy:
+        assert share > 0.6, share  # a shared 2-core machine may still take some of it away
+    else:
+        assert share < 0.3, share  # the 200 us spin before each 5 ms deadline, and the ticks

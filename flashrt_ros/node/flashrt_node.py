@@ -189,13 +189,16 @@ class FlashrtNode(LifecycleNode):
         # observation mode: the thread that steps answers the services too (inputs.py)
         host = None if timer else self.service_host
         self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping, host)
+        # the thread that steps polls rather than sleeps (busy_wait): here in observation mode
+        self._inputs.busy = cfg.busy_wait and cfg.trigger == "observation"
         if not self.defer_inputs:
             self._start_inputs()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
             f"state {engine.state_nbytes} B, {cfg.capsule_slots} capsule slots, "
-            f"trigger {cfg.trigger}, {len(engine.capsules())} capsules reloaded, "
+            f"trigger {cfg.trigger}{' (busy wait)' if cfg.busy_wait else ''}, "
+            f"{len(engine.capsules())} capsules reloaded, "
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
         )
@@ -249,6 +252,7 @@ class FlashrtNode(LifecycleNode):
                 # the services are answered by the control thread between ticks (host.py)
                 serving=self.service_host.lent,
                 wake=self.service_host.wake,
+                busy=self.cfg.busy_wait,
             )
             self.diagnostics.by_loop = True
             self._realtime(self._loop.start())

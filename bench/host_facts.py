@@ -1,0 +1,139 @@
+"""What this machine offers a 1 kHz loop, as JSON: CPUs, frequency governor, idle states and their
+exit latencies, whether /dev/cpu_dma_latency can be held, real-time scheduling rights, isolated
+CPUs, steal time. Overruns of a bare timer thread (bench/ros_floors.py) come from these, not from
+the node; a result file beside a benchmark says which ones the machine had.
+
+    python3 bench/host_facts.py [--out FILE] [--steal-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+CPU = Path("/sys/devices/system/cpu")
+CAP_SYS_NICE = 23
+
+
+def read(path: Path | str, default: str = "") -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return default
+
+
+def idle_states() -> list[dict]:
+    """cpu0's idle states (the others are alike on these machines): name, exit latency, whether
+    disabled."""
+    out = []
+    for d in sorted((CPU / "cpu0" / "cpuidle").glob("state*")):
+        out.append(
+            {
+                "name": read(d / "name"),
+                "latency_us": int(read(d / "latency", "-1")),
+                "disabled": read(d / "disable") == "1",
+            }
+        )
+    return out
+
+
+def dma_latency() -> str:
+    """Whether a process may hold /dev/cpu_dma_latency (PM QoS: keeps CPUs out of deep idle
+    states while the file is open), as cyclictest does."""
+    try:
+        fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    except OSError as e:
+        return f"no: {e.strerror}"
+    try:
+        os.write(fd, (0).to_bytes(4, "little"))
+        return "yes"
+    except OSError as e:
+        return f"open but not writable: {e.strerror}"
+    finally:
+        os.close(fd)
+
+
+def capabilities() -> dict:
+    eff = 0
+    for line in read("/proc/self/status").splitlines():
+        if line.startswith("CapEff:"):
+            eff = int(line.split()[1], 16)
+    fifo = "not tried"
+    if hasattr(os, "SCHED_FIFO"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            fifo = "yes"
+        except OSError as e:
+            fifo = f"no: {e.strerror}"
+    return {
+        "uid": os.getuid(),
+        "cap_sys_nice": bool(eff >> CAP_SYS_NICE & 1),
+        "sched_fifo": fifo,
+        "rtprio_limit": next(
+            (
+                ln.split()[3]
+                for ln in read("/proc/self/limits").splitlines()
+                if ln.startswith("Max realtime priority")
+            ),
+            "",
+        ),
+    }
+
+
+def steal(seconds: float) -> dict:
+    """CPU time stolen by a hypervisor and spent idle over `seconds`, all CPUs (/proc/stat)."""
+
+    def sample() -> list[int]:
+        return [int(v) for v in read("/proc/stat").splitlines()[0].split()[1:]]
+
+    a = sample()
+    time.sleep(seconds)
+    b = sample()
+    d = [y - x for x, y in zip(a, b, strict=False)]
+    total = sum(d) or 1
+    return {
+        "seconds": seconds,
+        "steal_pct": round(100 * (d[7] if len(d) > 7 else 0) / total, 2),
+        "idle_pct": round(100 * d[3] / total, 1),
+    }
+
+
+def facts(steal_s: float) -> dict:
+    govs = sorted({read(p / "cpufreq" / "scaling_governor", "none") for p in CPU.glob("cpu[0-9]*")})
+    return {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "governors": govs,
+        "isolated": read(CPU / "isolated"),
+        "nohz_full": read(CPU / "nohz_full"),
+        "idle_driver": read(CPU / "cpuidle" / "current_driver", "none"),
+        "idle_states": idle_states(),
+        "cpu_dma_latency": dma_latency(),
+        "rights": capabilities(),
+        "kernel": os.uname().release,
+        "loadavg": read("/proc/loadavg"),
+        **{"stat": steal(steal_s)},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--steal-s", type=float, default=2.0, help="window of the steal sample (s)")
+    a = ap.parse_args()
+    out = facts(a.steal_s)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""busy_wait: the thread that steps polls instead of sleeping, over real rclpy and DDS (loopback),
+on the CPU. What a user relies on: the same commands for the same observations, every service
+answered (rollouts too, whose thread needs the GIL the poller holds), and one core in use."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from test.engine_util import make_engine, observations
+from test.node_client import NodeClient
+
+OBS = observations(120, seed=23)
+
+
+def cpu_share(pid: int, seconds: float = 1.0) -> float:
+    """CPU seconds the process used per second of wall time, over `seconds`."""
+
+    def used() -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    c0, t0 = used(), time.monotonic()
+    time.sleep(seconds)
+    return (used() - c0) / (time.monotonic() - t0)
+
+
+def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
+    proc = ros.start_node({"trigger": "observation", "busy_wait": True})
+    c = NodeClient(ros, proc)
+    eng = make_engine()
+    got = c.run(OBS[:40])
+    assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:40]]))
+    cp = c.call("checkpoint", name="before")
+    assert cp.success, cp.message
+    after = c.run(OBS[40:70])
+    r = c.call("restore", capsule=cp.capsule.id)
+    assert r.success and r.step == 40, r.message
+    assert np.array_equal(c.run(OBS[40:70]), after)  # the restored state continues the same
+    rows = OBS[70:100]
+    ro = c.call("rollout", observations=rows.ravel().tolist(), n_steps=len(rows))
+    assert ro.success, ro.message  # a thread of its own: it got the GIL from the poller
+    assert np.array_equal(np.array(ro.actions).reshape(-1, 6), c.run(rows))
+    assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-inputs")
+    assert "(busy wait)" in proc.log_path.read_text(errors="replace")
+    # no observation comes now: the inputs' thread polls anyway (a sleeping node uses ~0)
+    assert cpu_share(proc.pid) > 0.6
+
+
+def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(ros):
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 100.0, "busy_wait": True})
+    c = NodeClient(ros, proc)
+    n, t_end = 0, time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        c.publish(OBS[n % len(OBS)])
+        n += 1
+        ros.spin_for(0.02)
+    got = len(c.commands)
+    assert 60 <= got <= 170, got  # 100 Hz for ~1.5 s, generous for a shared machine
+    ck = c.call("checkpoint", name="busy")
+    assert ck.success, ck.message
+    assert "busy" in [cap.name for cap in c.call("list_capsules").capsules]
+    ro = c.call("rollout", observations=OBS[:20].ravel().tolist(), n_steps=20)
+    assert ro.success, ro.message
+    assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-control")
+    assert cpu_share(proc.pid) > 0.6
+    d = c.latest_diag(3.0)
+    assert float(d["rate_hz"]) > 0 and float(d["step_p50_us"]) > 0

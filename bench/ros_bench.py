@@ -901,7 +901,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
     publishing joint_states) to the first command received here. The node's torch inductor and
     triton caches and its bytecode cache are `cache_dir` (empty: cold; filled by an earlier
-    run: warm)."""
+    run: warm). Label "floor": the start floor (ros_floors.py start) instead of the node."""
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
 
@@ -931,13 +931,19 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
             FLASHRT_PYCACHE=str(cache_dir / "pycache"),
         )
         t0 = time.monotonic()
-        proc = launch_node(
-            # the node points both caches at <compile_cache_dir>/<fingerprint> itself
-            node_params(args, trigger="timer", rate_hz=rate, compile_cache_dir=str(cache_dir)),
-            log_dir=log_dir,
-            env=env,
-        )
-        ros.processes.append(proc)
+        if label == "floor":
+            from bench.ros_floors import launch_floor
+
+            # the bytecode cache the warm node filled: the floor imports torch as warm as it did
+            proc = launch_floor(ros, "start", args.device, log_dir=log_dir, env=env)
+        else:
+            proc = launch_node(
+                # the node points both caches at <compile_cache_dir>/<fingerprint> itself
+                node_params(args, trigger="timer", rate_hz=rate, compile_cache_dir=str(cache_dir)),
+                log_dir=log_dir,
+                env=env,
+            )
+            ros.processes.append(proc)
         end = t0 + args.startup_timeout
         while not stamps and proc.alive() and time.monotonic() < end:
             ex.spin_once(timeout_sec=0.05)
@@ -1123,6 +1129,7 @@ def headline(
         "floor_jitter_p99_us_1khz": dig(f1k, "period_jitter_p99_us"),
         "warm_start_s": dig(starts.get("warm"), "first_command_s"),
         "cold_start_s": dig(starts.get("cold"), "first_command_s"),
+        "floor_start_s": dig(starts.get("floor"), "first_command_s"),
         "node_cpu_pct_500hz": dig(r500, "cpu_pct"),
         "floor_image_echo_p50_us": dig(fi, "p50_us"),
         "obs_to_action_p99_us": obs["obs_to_action_p99_us"] if obs else None,
@@ -1168,13 +1175,15 @@ def headline(
         "start_rule": "seconds from spawning flashrt_node (trigger=timer, 500 Hz, joint_states "
         "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR, "
         "TRITON_CACHE_DIR and FLASHRT_PYCACHE (the node's bytecode cache) a new empty folder, "
-        "first node start of the run; warm: the next start with the same folders",
+        "first node start of the run; warm: the next start with the same folders; "
+        "floor_start_s: the same for a bare rclpy node that imports torch, makes one tensor on "
+        "the device and answers each joint_states through it (bench/ros_floors.py start)",
     }
     if not given_floors:
         for k in [k for k in out if k.startswith("floor_")] + ["vs_floor"]:
             del out[k]
     if not given_starts:
-        for k in ("warm_start_s", "cold_start_s", "start_rule"):
+        for k in ("warm_start_s", "cold_start_s", "floor_start_s", "start_rule"):
             del out[k]
     return out
 
@@ -1236,11 +1245,12 @@ def main() -> int:
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
         "--only",
-        choices=("camera", "timer", "services"),
+        choices=("camera", "timer", "services", "start"),
         default=None,
         help="run only this scenario, with its floors unless --no-floors (camera: the image "
         "echo; timer: the --rates rows, without services, and the timer floors; services: the "
-        "500 Hz row with its service round trips, and the service floor)",
+        "500 Hz row with its service round trips, and the service floor; start: the cold, warm "
+        "and floor starts)",
     )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
@@ -1296,11 +1306,11 @@ def main() -> int:
 
     full = args.only is None
     # start-up first: the cold one is then the first node start of this run
-    if not args.no_startup and full:
+    if not args.no_startup and (full or args.only == "start"):
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="flashrt_bench_cache_") as tmp:
-            for label in ("cold", "warm"):
+            for label in ("cold", "warm", "floor"):
                 r = attempt(f"{label} start", run_startup, args, Path(tmp), label, log_dir)
                 if r is not None:
                     starts[label] = r
@@ -1352,7 +1362,7 @@ def main() -> int:
                     "camera": ("image_echo",),
                     "timer": ("timer_500", "timer_1000"),
                     "services": ("service",),
-                }[args.only]
+                }.get(args.only, ())  # start: its floor is one of the starts
             ):
                 continue
             r = attempt(f"floor {key}", fn, *a)
@@ -1454,9 +1464,9 @@ def print_table(r: dict) -> None:
         "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
         "floor_service_p50_us floor_jitter_p99_us node_step_p50_us overruns_1khz_60s "
         "node_jitter_p99_us_1khz client_jitter_p99_us_1khz floor_jitter_p99_us_1khz "
-        "warm_start_s cold_start_s node_cpu_pct_500hz floor_image_echo_p50_us"
+        "warm_start_s cold_start_s floor_start_s node_cpu_pct_500hz floor_image_echo_p50_us"
     ).split()
-    print("\nros: " + " ".join(f"{k}={r[k]}" for k in keys) + "\n", flush=True)
+    print("\nros: " + " ".join(f"{k}={r.get(k)}" for k in keys) + "\n", flush=True)
 
 
 if __name__ == "__main__":

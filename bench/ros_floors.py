@@ -16,6 +16,11 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
                                              #   instead of sleeping, as the node's busy_wait
     python bench/ros_floors.py image         # image_raw (sensor_msgs/Image) -> image_echo, the
                                              #   same message object published back as-is
+    python bench/ros_floors.py start [DEVICE]  # start-up: rclpy, then import torch and one
+                                             #   tensor on DEVICE (cuda), then joint_states ->
+                                             #   commands through that device: what any node
+                                             #   that steps a torch policy pays before its first
+                                             #   command (vs the node's warm start)
 
 SIGINT or SIGTERM ends a floor cleanly (exit 0); the timer floor then prints one JSON line with
 its own loop statistics (wake-up lateness, overruns).
@@ -41,15 +46,16 @@ except Exception:  # pragma: no cover
     SPIN_S = 0.0002
 
 
-def launch_floor(ros, kind: str, *args: str, log_dir: Path):
-    """Start a floor process in `ros`'s domain (LOCALHOST discovery); returns a NodeProcess
-    (test/ros_helpers.py) that the harness stops (SIGINT) when it closes."""
+def launch_floor(ros, kind: str, *args: str, log_dir: Path, env: dict | None = None):
+    """Start a floor process in `ros`'s domain (LOCALHOST discovery), in `env` (default: this
+    process's); returns a NodeProcess (test/ros_helpers.py) that the harness stops (SIGINT)
+    when it closes."""
     from test.ros_helpers import NodeProcess
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"floor_{kind}{'_' + '_'.join(args) if args else ''}_{os.getpid()}.log"
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     env["ROS_DOMAIN_ID"] = str(ros.domain_id)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     env.pop("ROS_LOCALHOST_ONLY", None)
@@ -134,7 +140,9 @@ def _timer_thread(
     )
 
 
-def floor_main(kind: str, rate: float | None, priority: int = 0, busy: bool = False) -> int:
+def floor_main(
+    kind: str, rate: float | None, priority: int = 0, busy: bool = False, device: str = "cuda"
+) -> int:
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
@@ -159,6 +167,29 @@ def floor_main(kind: str, rate: float | None, priority: int = 0, busy: bool = Fa
             pub.publish(out)
 
         node.create_subscription(JointState, "joint_states", on_js, 100)
+    elif kind == "start":
+        from flashrt_ros.node import bytecode
+        from flashrt_ros.node.main import process_age_s
+
+        bytecode.enable()  # as the node's main(): where torch has no .pyc, a cache of ours
+        t = time.monotonic()
+        stats["process_rclpy_s"] = round(process_age_s(), 3)  # interpreter, rclpy, the node
+        import torch  # after rclpy, as the node imports it
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+
+        stats["import_torch_s"] = round(-t + (t := time.monotonic()), 3)
+        x = torch.zeros(6, device=device)  # the device's context, as the Engine needs one
+        stats["device_s"] = round(time.monotonic() - t, 3)
+        pub = node.create_publisher(Float64MultiArray, "commands", 10)
+
+        def on_js(msg) -> None:
+            q = x + torch.tensor(list(msg.position[:6]) + [0.0] * (6 - len(msg.position[:6])))
+            pub.publish(Float64MultiArray(data=q.to(device).cpu().tolist()))
+
+        from rclpy.qos import qos_profile_sensor_data  # as the node's timer mode and streamer
+
+        node.create_subscription(JointState, "joint_states", on_js, qos_profile_sensor_data)
     elif kind == "image":
         from sensor_msgs.msg import Image
 
@@ -204,7 +235,7 @@ def floor_main(kind: str, rate: float | None, priority: int = 0, busy: bool = Fa
         ex.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.shutdown()
-    if kind == "timer":
+    if kind in ("timer", "start"):
         print(json.dumps(stats), flush=True)
     return 0
 
@@ -214,6 +245,8 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
+    if sys.argv[1] == "start":
+        sys.exit(floor_main("start", None, device=sys.argv[2] if len(sys.argv) > 2 else "cuda"))
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
     prio = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     sys.exit(floor_main(sys.argv[1], rate, prio, busy="busy" in sys.argv[4:]))

@@ -184,8 +184,9 @@ def floor_main(
         pub = node.create_publisher(Float64MultiArray, "commands", 10)
 
         def on_js(msg) -> None:
-            q = x + torch.tensor(list(msg.position[:6]) + [0.0] * (6 - len(msg.position[:6])))
-            pub.publish(Float64MultiArray(data=q.to(device).cpu().tolist()))
+            q = list(msg.position[:6]) + [0.0] * (6 - len(msg.position[:6]))
+            y = x + torch.tensor(q).to(device)  # up, through the device, and back
+            pub.publish(Float64MultiArray(data=y.cpu().tolist()))
 
         from rclpy.qos import qos_profile_sensor_data  # as the node's timer mode and streamer
 

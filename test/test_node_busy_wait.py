@@ -8,6 +8,8 @@ import os
 import time
 
 import numpy as np
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
 
 from test.engine_util import make_engine, observations
 from test.node_client import NodeClient
@@ -47,6 +49,15 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     assert "(busy wait)" in proc.log_path.read_text(errors="replace")
     # no observation comes now: the inputs' thread polls anyway (a sleeping node uses ~0)
     assert cpu_share(proc.pid) > 0.6
+    # inactive, it sleeps: nothing to step, so nothing to poll for
+    change = ros.client(ChangeState, proc.service("change_state"))
+    for tid in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
+        assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
+        if tid == Transition.TRANSITION_DEACTIVATE:
+            assert c.call("list_capsules").capsules  # still answered, by a sleeping thread
+            assert cpu_share(proc.pid) < 0.3
+    assert len(c.run(OBS[100:110])) == 10  # active again: one command per observation
+    assert cpu_share(proc.pid) > 0.6  # and polling again
 
 
 def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(ros):

@@ -189,8 +189,6 @@ class FlashrtNode(LifecycleNode):
         # observation mode: the thread that steps answers the services too (inputs.py)
         host = None if timer else self.service_host
         self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping, host)
-        # the thread that steps polls rather than sleeps (busy_wait): here in observation mode
-        self._inputs.busy = cfg.busy_wait and cfg.trigger == "observation"
         if not self.defer_inputs:
             self._start_inputs()
         self.get_logger().info(
@@ -241,6 +239,8 @@ class FlashrtNode(LifecycleNode):
                 while take(self._js_sub) is not None:  # nor on one queued while inactive
                     pass
             self.active = True
+        if self.cfg.trigger == "observation" and self.cfg.busy_wait:
+            self._inputs.set_busy(True)  # the thread that steps polls while active (busy_wait)
         if self.cfg.trigger == "timer":
             self._loop = TimerLoop(
                 self.cfg.rate_hz,
@@ -262,6 +262,7 @@ class FlashrtNode(LifecycleNode):
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         with self.control.lock:  # a step in flight finishes first; none starts after this
             self.active = False
+        self._inputs.set_busy(False)  # inactive: it sleeps until a message or request comes
         self._stop_loop()
         self.flight.on_deactivate()
         self.get_logger().info("inactive: no more commands, the robot holds")

@@ -208,11 +208,6 @@ class ServiceHost(WaitLoop):
             with contextlib.suppress(Exception):
                 self._guards[0].trigger()
 
-    def wake(self) -> None:
-        """End the current wait (of this host's thread or a borrower's) now."""
-        with contextlib.suppress(Exception):  # destroyed: nobody waits any more
-            self._stop_guard.trigger()
-
     # -- the loop --------------------------------------------------------------------------------
     def _entities(self) -> tuple[list, list, list]:
         return [], list(self._guards), list(self._services)

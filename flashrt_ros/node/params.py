@@ -646,11 +646,11 @@ NODE_PARAMS = ParamTable(
             "busy_wait",
             False,
             "bool",
-            "the thread that steps polls for its inputs and requests between ticks instead of "
-            "sleeping: one CPU core at 100 %, no wake-up latency, and ticks and requests run on "
-            "a core whose caches are warm (about 3x faster handlers on the H200 machine, a "
-            "virtual machine); other Python threads of the node get the GIL within a switch "
-            "interval (0.5 ms)",
+            "while active, the thread that steps polls for its inputs and requests between "
+            "ticks instead of sleeping: one CPU core at 100 %, no late wake-ups, and ticks and "
+            "requests run on a core whose caches are warm (on a virtual machine a sleeping CPU "
+            "gives its core away); other Python threads of the node get the GIL within a "
+            "switch interval (0.5 ms)",
         ),
         Param(
             "capsule_slots",

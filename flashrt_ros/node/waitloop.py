@@ -33,7 +33,7 @@ class WaitLoop:
         self.context = context
         self.log = log
         # Poll instead of sleeping in the wait (the `busy_wait` parameter, for the thread that
-        # steps; loop.TimerLoop says why). Read at each wait: set before start().
+        # steps while the node is active; loop.TimerLoop says why): set_busy().
         self.busy = False
         self._stop = threading.Event()
         # on no node: an executor never sees it (a node's guard conditions would wake it)
@@ -88,11 +88,20 @@ class WaitLoop:
             if not self.stopping():
                 self.log.error(f"{self.thread_name} stopped: {type(e).__name__}: {e}")
 
+    def set_busy(self, busy: bool) -> None:
+        """Poll (True) or sleep in the wait from now on; a wait in progress ends at once."""
+        self.busy = busy
+        self.wake()
+
+    def wake(self) -> None:
+        """End the current wait (of this loop's thread, or of one serving in its place) now."""
+        with contextlib.suppress(Exception):  # destroyed: nobody waits any more
+            self._stop_guard.trigger()
+
     def _wait_loop(self) -> None:
-        if self.busy:
-            # A wait of 0 still sleeps for the thread's timer slack in the middleware (50 us by
-            # default: 91 us a look on Fast DDS, 63 % of it asleep) against 25 us awake with 1 ns.
-            precise_sleeps()
+        # A wait of 0 (busy) still sleeps for the thread's timer slack in the middleware (50 us
+        # by default: 91 us a look on Fast DDS, 63 % of it asleep) against 25 us awake with 1 ns.
+        precise_sleeps()
         with self.waiting() as wait:
             while not self.stopping():
                 wait(0 if self.busy else WAKE_NS, self.stopping)

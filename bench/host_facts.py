@@ -115,6 +115,7 @@ def facts(steal_s: float) -> dict:
         "idle_states": idle_states(),
         "cpu_dma_latency": dma_latency(),
         "rights": capabilities(),
+        "sched_rt_runtime_us": read("/proc/sys/kernel/sched_rt_runtime_us"),
         "kernel": os.uname().release,
         "loadavg": read("/proc/loadavg"),
         **{"stat": steal(steal_s)},

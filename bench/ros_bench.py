@@ -932,7 +932,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
         )
         t0 = time.monotonic()
         if label == "floor":
-            from bench.ros_floors import launch_floor
+            from bench.ros_floors import floor_summary, launch_floor
 
             # the bytecode cache the warm node filled: the floor imports torch as warm as it did
             proc = launch_floor(ros, "start", args.device, log_dir=log_dir, env=env)
@@ -962,6 +962,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
             proc.stop()
     out = {
         "first_command_s": round(first, 2),
+        **({"floor": floor_summary(proc)} if label == "floor" else {}),
         "rate_hz": rate,
         "cache_dir_files_before": files_before,
         "cache_dir_files_after": sum(1 for p in cache_dir.rglob("*") if p.is_file()),
@@ -1180,8 +1181,9 @@ def headline(
         "the device and answers each joint_states through it (bench/ros_floors.py start)",
     }
     if not given_floors:
-        for k in [k for k in out if k.startswith("floor_")] + ["vs_floor"]:
+        for k in [k for k in out if k.startswith("floor_") and k != "floor_start_s"]:
             del out[k]
+        del out["vs_floor"]
     if not given_starts:
         for k in ("warm_start_s", "cold_start_s", "floor_start_s", "start_rule"):
             del out[k]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -140,6 +141,25 @@ def test_busy_wait_polls_between_ticks_and_keeps_the_deadlines(busy: bool):
     assert all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
     share = (cpu[-1] - cpu[0]) / (ticks[-1] - ticks[0])  # CPU seconds per second
     if busy:
-        assert share > 0.6, share  # a shared 2-core machine may still take some of it away
+        assert share > 0.4, share  # a busy 2-core machine may take some of it (~0.05 asleep)
     else:
         assert share < 0.3, share  # the 200 us spin before each 5 ms deadline, and the ticks
+
+
+def test_realtime_with_busy_wait_warns_about_the_kernels_throttling(tmp_path):
+    """A SCHED_FIFO thread that never sleeps loses its CPU for what sched_rt_runtime_us leaves
+    of each period: the node says so when both parameters are on (and only then)."""
+    from flashrt_ros.node.loop import throttle_note
+
+    (tmp_path / "sched_rt_runtime_us").write_text("950000\n")
+    (tmp_path / "sched_rt_period_us").write_text("1000000\n")
+    here = str(tmp_path / "sched_rt_runtime_us")
+    note = throttle_note(10, True, here)
+    assert "50 ms each 1 s" in note and "sched_rt_runtime_us=-1" in note
+    assert throttle_note(0, True, here) == "" and throttle_note(10, False, here) == ""
+    (tmp_path / "sched_rt_runtime_us").write_text("-1\n")  # throttling off: nothing to say
+    assert throttle_note(10, True, here) == ""
+    assert throttle_note(10, True, str(tmp_path / "missing" / "x")) == ""
+    real = "/proc/sys/kernel/sched_rt_runtime_us"  # this machine's own setting
+    if os.path.exists(real) and int(open(real).read()) >= 0:
+        assert "throttles" in throttle_note(1, True)

@@ -48,7 +48,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-inputs")
     assert "(busy wait)" in proc.log_path.read_text(errors="replace")
     # no observation comes now: the inputs' thread polls anyway (a sleeping node uses ~0)
-    assert cpu_share(proc.pid) > 0.6
+    assert cpu_share(proc.pid) > 0.4
     # inactive, it sleeps: nothing to step, so nothing to poll for
     change = ros.client(ChangeState, proc.service("change_state"))
     for tid in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
@@ -57,7 +57,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
             assert c.call("list_capsules").capsules  # still answered, by a sleeping thread
             assert cpu_share(proc.pid) < 0.3
     assert len(c.run(OBS[100:110])) == 10  # active again: one command per observation
-    assert cpu_share(proc.pid) > 0.6  # and polling again
+    assert cpu_share(proc.pid) > 0.4  # and polling again
 
 
 def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(ros):
@@ -76,6 +76,6 @@ def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(r
     ro = c.call("rollout", observations=OBS[:20].ravel().tolist(), n_steps=20)
     assert ro.success, ro.message
     assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-control")
-    assert cpu_share(proc.pid) > 0.6
+    assert cpu_share(proc.pid) > 0.4
     d = c.latest_diag(3.0)
     assert float(d["rate_hz"]) > 0 and float(d["step_p50_us"]) > 0

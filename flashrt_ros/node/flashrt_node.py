@@ -43,7 +43,7 @@ from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_realtime
+from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_realtime, throttle_note
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
@@ -300,6 +300,9 @@ class FlashrtNode(LifecycleNode):
         prio = self.cfg.realtime_priority
         if prio <= 0 or thread is None:
             return
+        note = throttle_note(prio, self.cfg.busy_wait)
+        if note:
+            self.get_logger().warning(note)
         why = set_realtime(thread, prio)
         if why:
             self.get_logger().warning(

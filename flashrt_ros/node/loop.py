@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from flashrt_ros.errors import CapacityError
 
@@ -48,6 +49,29 @@ def set_realtime(thread: threading.Thread | None, priority: int) -> str:
     except OSError as e:
         return f"{e.strerror} (needs CAP_SYS_NICE or `ulimit -r` >= {priority})"
     return ""
+
+
+def throttle_note(
+    priority: int, busy: bool, runtime_path: str = "/proc/sys/kernel/sched_rt_runtime_us"
+) -> str:
+    """Why `realtime_priority` and `busy_wait` together stall the loop here, or "": a SCHED_FIFO
+    thread that never sleeps is taken off its CPU by the kernel's real-time throttling for what
+    sched_rt_runtime_us leaves of each sched_rt_period_us (50 ms of every second by default)."""
+    if priority <= 0 or not busy:
+        return ""
+    try:
+        runtime = int(Path(runtime_path).read_text())
+        period = int(Path(runtime_path).with_name("sched_rt_period_us").read_text())
+    except (OSError, ValueError):  # not Linux: no such throttling to warn about
+        return ""
+    if runtime < 0 or runtime >= period:
+        return ""
+    return (
+        f"realtime_priority with busy_wait: the kernel throttles a real-time thread that never "
+        f"sleeps to {runtime} us of every {period} us (sched_rt_runtime_us), so the loop stalls "
+        f"for {(period - runtime) / 1000:g} ms each {period / 1e6:g} s; set "
+        "kernel.sched_rt_runtime_us=-1, or use only one of the two"
+    )
 
 
 class EngineLock:

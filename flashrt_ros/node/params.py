@@ -649,8 +649,10 @@ NODE_PARAMS = ParamTable(
             "while active, the thread that steps polls for its inputs and requests between "
             "ticks instead of sleeping: one CPU core at 100 %, no late wake-ups, and ticks and "
             "requests run on a core whose caches are warm (on a virtual machine a sleeping CPU "
-            "gives its core away); other Python threads of the node get the GIL within a "
-            "switch interval (0.5 ms)",
+            "gives its core away); the node's other Python threads (rollouts, parameter and "
+            "lifecycle requests) get the GIL between two looks, usually within 0.1 ms but at "
+            "times a few ms, so rollouts run slower; with realtime_priority, the kernel's "
+            "real-time throttling stalls a thread that never sleeps (a warning says so)",
         ),
         Param(
             "capsule_slots",

@@ -22,6 +22,7 @@ and the session stays poisoned (no step, no command) until ~/reset_session, ~/re
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 
@@ -60,6 +61,7 @@ class FlashrtNode(LifecycleNode):
         params.declare(self)
         self.cfg: params.NodeConfig | None = None
         self.active = False
+        self._parts: list[tuple[str, float]] = []  # the last tick's parts (_step)
         self.stats = LoopStats()
         # the services' (and diagnostics') view of the node: engine, live session, lock, stats
         self.control = Control(self.stats, self.get_logger(), lambda: self.cfg)
@@ -384,6 +386,7 @@ class FlashrtNode(LifecycleNode):
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:
+        t_in = time.monotonic()
         if self._cams is not None:
             self._cams.take()  # the control thread takes the images itself too
         sub = self._js_sub
@@ -392,7 +395,8 @@ class FlashrtNode(LifecycleNode):
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
         offset = self.cfg.publish_offset_s
-        self._step(obs, t, publish_at=deadline + offset if offset > 0 else None)
+        at = deadline + offset if offset > 0 else None
+        self._step(obs, t, publish_at=at, inputs_s=time.monotonic() - t_in)
 
     def _stale(self, why: str) -> None:
         self._stale_why = why
@@ -401,14 +405,23 @@ class FlashrtNode(LifecycleNode):
             self.stats.stale_s += self._loop.period if self._loop else 0.0
 
     def _step(
-        self, obs: np.ndarray | None, received: float | None = None, publish_at: float | None = None
+        self,
+        obs: np.ndarray | None,
+        received: float | None = None,
+        publish_at: float | None = None,
+        inputs_s: float | None = None,
     ) -> None:
         """One tick. In timer mode `received` is when obs arrived: its age is checked after
         the engine lock is taken, so a request that held the lock cannot make us step on
-        stale data. With `publish_at` the outputs wait (spinning) for that monotonic time."""
+        stale data. With `publish_at` the outputs wait (spinning) for that monotonic time.
+        The tick's parts (`inputs_s`: taking the inputs, then the lock, the step, the wait
+        for `publish_at` and the publishing) go into `last_overrun` when it overran."""
         t0 = time.monotonic()
         ctl = self.control
+        parts = self._parts = [] if inputs_s is None else [("inputs", inputs_s)]
         with ctl.lock:
+            t_locked = time.monotonic()
+            parts.append(("lock", t_locked - t0))
             eng = ctl.engine
             if eng is None or not self.active:  # re-checked under the lock: deactivate holds it
                 return
@@ -447,16 +460,23 @@ class FlashrtNode(LifecycleNode):
                 self.flight.on_step_error(eng, live)
                 return
             self.flight.tick(eng, live)
+        t_stepped = time.monotonic()
+        parts.append(("step", t_stepped - t_locked))
         if not np.isfinite(action).all() or (chunk is not None and not np.isfinite(chunk).all()):
             ctl.fault(f"step of {live!r}: non-finite output, not published", step_error=True)
             return  # the engine raises first; this check makes sure of it at the publisher
         dt = time.monotonic() - t0
         if publish_at is not None:  # sleep (the GIL free for other threads), spin the last bit
-            early = publish_at - SPIN_S - time.monotonic()
-            if early > 0:
+            if self.cfg.busy_wait:  # never sleep (busy_wait): yield the CPU, keep the core
+                while publish_at - SPIN_S > time.monotonic():
+                    os.sched_yield()
+            elif (early := publish_at - SPIN_S - time.monotonic()) > 0:
                 time.sleep(early)
             while time.monotonic() < publish_at:
                 pass
+        t_out = time.monotonic()
+        if publish_at is not None:
+            parts.append(("offset", t_out - t_stepped))
         if self._pub_cmd is not None:
             self._pub_cmd.publish(command_msg(action))
         if self.process_t0 is not None:  # the first command of the process: say when
@@ -467,6 +487,7 @@ class FlashrtNode(LifecycleNode):
             self._pub_traj.publish(
                 trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
             )
+        parts.append(("publish", time.monotonic() - t_out))
         with self.stats.lock:
             self.stats.steps += 1
             self.stats.step_us.add(dt * 1e6)
@@ -504,9 +525,11 @@ class FlashrtNode(LifecycleNode):
                     self.stats.overruns_late_wake += 1
                 else:
                     self.stats.overruns_long_tick += 1
+                split = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in self._parts)
                 self.stats.last_overrun = (
-                    f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us, "
-                    f"{missed} tick(s) skipped"
+                    f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us"
+                    + (f" ({split} us)" if split else "")
+                    + f", {missed} tick(s) skipped"
                 )
 
     # -- diagnostics -------------------------------------------------------------------------------

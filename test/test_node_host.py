@@ -7,6 +7,7 @@ No timings are asserted (the machine is noisy): bench/ros_bench.py shows the spe
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -415,3 +416,37 @@ def test_the_inputs_loop_borrows_the_services_and_serves_between_its_messages(ro
         host.destroy()
         owner.destroy_subscription(sub)
         ros.node.destroy_publisher(pub)
+
+
+def _thread_cpu_s(tid: int) -> float:
+    fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
+    """WaitLoop.set_busy (the `busy_wait` parameter while the node is active): the loop's
+    thread polls from the moment it is set (a wait in progress ends at once) and sleeps again
+    when cleared; stop() ends it promptly in both states."""
+    from flashrt_ros.node.inputs import InputLoop
+
+    loop = InputLoop(ros.context, owner.get_logger(), drained=[])
+    tid = loop.start().native_id
+
+    def share(seconds: float = 0.5) -> float:
+        c0, t0 = _thread_cpu_s(tid), time.monotonic()
+        time.sleep(seconds)
+        return (_thread_cpu_s(tid) - c0) / (time.monotonic() - t0)
+
+    try:
+        assert share() < 0.2  # asleep in a 1 s wait
+        loop.set_busy(True)  # ends that wait: polling now, not in up to a second
+        assert share() > 0.4
+        loop.set_busy(False)
+        time.sleep(0.05)  # the look in progress ends
+        assert share() < 0.2
+        loop.set_busy(True)
+        t0 = time.monotonic()
+    finally:
+        stopped = loop.stop(timeout=2.0)
+    assert stopped and time.monotonic() - t0 < 1.0 and not loop.running
+    loop.close()

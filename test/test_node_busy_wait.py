@@ -46,6 +46,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     assert ro.success, ro.message  # a thread of its own: it got the GIL from the poller
     assert np.array_equal(np.array(ro.actions).reshape(-1, 6), c.run(rows))
     assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-inputs")
+    assert c.latest_diag()["busy_wait"] == "polling"
     assert "(busy wait)" in proc.log_path.read_text(errors="replace")
     # no observation comes now: the inputs' thread polls anyway (a sleeping node uses ~0)
     assert cpu_share(proc.pid) > 0.4
@@ -56,6 +57,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
         if tid == Transition.TRANSITION_DEACTIVATE:
             assert c.call("list_capsules").capsules  # still answered, by a sleeping thread
             assert cpu_share(proc.pid) < 0.3
+            assert c.wait_diag(lambda d: d.get("busy_wait") == "off")
     assert len(c.run(OBS[100:110])) == 10  # active again: one command per observation
     assert cpu_share(proc.pid) > 0.4  # and polling again
 

@@ -580,6 +580,9 @@ class FlashrtNode(LifecycleNode):
                 kv.update(self.flight.diagnostics(eng, live))
         kv["stale_stream"] = self._stale_why
         kv["services_thread"] = self.service_host.serving_thread
+        # whether the thread that steps polls now (busy_wait, while active): a core at 100 %
+        busy = self.active and self.cfg is not None and self.cfg.busy_wait
+        kv["busy_wait"] = "polling" if busy else "off"
         cams = self._cams
         if cams is not None:
             kv.update(cams.diagnostics(time.monotonic()))

@@ -54,6 +54,10 @@ from flashrt_ros.policies.base import IMAGE_PREFIX
 from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
 
+# The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
+# the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
+TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
+
 
 class FlashrtNode(LifecycleNode):
     def __init__(self, **kwargs):
@@ -61,7 +65,10 @@ class FlashrtNode(LifecycleNode):
         params.declare(self)
         self.cfg: params.NodeConfig | None = None
         self.active = False
-        self._parts: list[tuple[str, float]] = []  # the last tick's parts (_step)
+        # the last tick's times (monotonic), preallocated: nothing allocated per tick for them;
+        # _marked of them are this tick's (fewer on an early return), _offset: a publish offset
+        self._marks = [0.0] * (len(TICK_PARTS) + 1)
+        self._marked, self._offset = 0, False
         self.stats = LoopStats()
         # the services' (and diagnostics') view of the node: engine, live session, lock, stats
         self.control = Control(self.stats, self.get_logger(), lambda: self.cfg)
@@ -396,7 +403,7 @@ class FlashrtNode(LifecycleNode):
             obs, t = self._latest_obs, self._latest_t
         offset = self.cfg.publish_offset_s
         at = deadline + offset if offset > 0 else None
-        self._step(obs, t, publish_at=at, inputs_s=time.monotonic() - t_in)
+        self._step(obs, t, publish_at=at, tick_start=t_in)
 
     def _stale(self, why: str) -> None:
         self._stale_why = why
@@ -409,19 +416,21 @@ class FlashrtNode(LifecycleNode):
         obs: np.ndarray | None,
         received: float | None = None,
         publish_at: float | None = None,
-        inputs_s: float | None = None,
+        tick_start: float | None = None,
     ) -> None:
         """One tick. In timer mode `received` is when obs arrived: its age is checked after
         the engine lock is taken, so a request that held the lock cannot make us step on
         stale data. With `publish_at` the outputs wait (spinning) for that monotonic time.
-        The tick's parts (`inputs_s`: taking the inputs, then the lock, the step, the wait
-        for `publish_at` and the publishing) go into `last_overrun` when it overran."""
+        The tick's times (from `tick_start`, before the inputs were taken) are marked between
+        its parts (TICK_PARTS), for `last_overrun` when it overran."""
         t0 = time.monotonic()
         ctl = self.control
-        parts = self._parts = [] if inputs_s is None else [("inputs", inputs_s)]
+        marks = self._marks
+        marks[0], marks[1] = t0 if tick_start is None else tick_start, t0
+        self._marked, self._offset = 2, publish_at is not None
         with ctl.lock:
-            t_locked = time.monotonic()
-            parts.append(("lock", t_locked - t0))
+            marks[2] = time.monotonic()
+            self._marked = 3
             eng = ctl.engine
             if eng is None or not self.active:  # re-checked under the lock: deactivate holds it
                 return
@@ -460,8 +469,8 @@ class FlashrtNode(LifecycleNode):
                 self.flight.on_step_error(eng, live)
                 return
             self.flight.tick(eng, live)
-        t_stepped = time.monotonic()
-        parts.append(("step", t_stepped - t_locked))
+        marks[3] = time.monotonic()
+        self._marked = 4
         if not np.isfinite(action).all() or (chunk is not None and not np.isfinite(chunk).all()):
             ctl.fault(f"step of {live!r}: non-finite output, not published", step_error=True)
             return  # the engine raises first; this check makes sure of it at the publisher
@@ -474,9 +483,7 @@ class FlashrtNode(LifecycleNode):
                 time.sleep(early)
             while time.monotonic() < publish_at:
                 pass
-        t_out = time.monotonic()
-        if publish_at is not None:
-            parts.append(("offset", t_out - t_stepped))
+        marks[4] = time.monotonic()
         if self._pub_cmd is not None:
             self._pub_cmd.publish(command_msg(action))
         if self.process_t0 is not None:  # the first command of the process: say when
@@ -487,7 +494,8 @@ class FlashrtNode(LifecycleNode):
             self._pub_traj.publish(
                 trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
             )
-        parts.append(("publish", time.monotonic() - t_out))
+        marks[5] = time.monotonic()
+        self._marked = 6
         with self.stats.lock:
             self.stats.steps += 1
             self.stats.step_us.add(dt * 1e6)
@@ -525,7 +533,12 @@ class FlashrtNode(LifecycleNode):
                     self.stats.overruns_late_wake += 1
                 else:
                     self.stats.overruns_long_tick += 1
-                split = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in self._parts)
+                m = self._marks
+                split = ", ".join(
+                    f"{part} {(m[i + 1] - m[i]) * 1e6:.0f}"
+                    for i, part in enumerate(TICK_PARTS[: self._marked - 1])
+                    if part != "offset" or self._offset
+                )
                 self.stats.last_overrun = (
                     f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us"
                     + (f" ({split} us)" if split else "")

@@ -7,6 +7,11 @@ of Engine._tick timed apart, per tick kind, for one policy. No ROS; CUDA.
 Phases: "check" (check_dict of the observation), "stage" (the host memcpy of each input into its
 pinned buffer), "replay" (launching the kind's graph), "wait" (until the device is done), and
 "step" (Engine.step as a whole, timed on other ticks of the same run).
+
+With --spin-variants (e.g. 0.002,1.0) every tick is timed whole instead, in rounds that alternate
+runtime/engine.py's SPIN_WAIT_S (how long a step's wait polls before it blocks) on the same
+engine, and the queue ticks are grouped by how many ticks after an infer tick they come: it tells
+whether the queue ticks' tail is the first ones after a long (blocking) infer wait.
 """
 
 from __future__ import annotations
@@ -36,6 +41,41 @@ def pct(a: list[float]) -> dict:
     }
 
 
+def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: int) -> dict:
+    """Whole-tick times per SPIN_WAIT_S value, the queue ticks by their distance from the last
+    infer tick (1 = right after it); rounds alternate the values on one engine."""
+    import flashrt_ros.runtime.engine as engine_mod
+
+    keep = engine_mod.SPIN_WAIT_S
+    got: dict[float, dict[str, list[float]]] = {v: {} for v in spins}
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(rounds):
+            for v in spins:
+                engine_mod.SPIN_WAIT_S = v
+                since = None
+                for i in range(ticks):
+                    kind = eng.next_tick_kind()
+                    t0 = time.perf_counter()
+                    eng.step(obs[i % len(obs)])
+                    dt = (time.perf_counter() - t0) * 1e6
+                    if i < 4:  # the switch of variant settles
+                        since = 0 if kind != "queue" else since
+                        continue
+                    if kind == "queue":
+                        since = None if since is None else since + 1
+                        key = f"queue+{since}" if since is not None else "queue"
+                        got[v].setdefault("queue", []).append(dt)
+                    else:
+                        since, key = 0, kind
+                    got[v].setdefault(key, []).append(dt)
+    finally:
+        engine_mod.SPIN_WAIT_S = keep
+        gc.unfreeze()
+    return {str(v): {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="builtin:diffusion")
@@ -45,6 +85,8 @@ def main() -> int:
     ap.add_argument("--no-fuse", action="store_true")
     ap.add_argument("--fresh", action="store_true", help="a new copy of the images each tick")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--spin-variants", default="", help="SPIN_WAIT_S values, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each --spin-variants value")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     over = {"size": a.size}
@@ -52,6 +94,12 @@ def main() -> int:
         over["num_inference_steps"] = a.steps
     eng = Engine(load_policy(a.spec, **over), device=a.device, fuse=not a.no_fuse)
     obs = observations(eng, 64)
+    if a.spin_variants:
+        spins = [float(x) for x in a.spin_variants.split(",")]
+        out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "by_spin": {}}
+        out["by_spin"] = by_position(eng, obs, spins, a.rounds, a.ticks)
+        report(out, a.out)
+        return 0
     s = eng.session("main")
     phases: dict[str, dict[str, list[float]]] = {}
     whole: dict[str, list[float]] = {}

@@ -76,6 +76,57 @@ def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: 
     return {str(v): {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
 
 
+def post_infer(eng: Engine, obs: list, ticks: int, variant: str) -> dict:
+    """Engine._tick's phases by hand on every tick, the queue ticks keyed by their distance
+    from the last tick that staged inputs (queue+1, queue+2, queue+3 and later as queue+3).
+    `variant`: "normal"; "no-stage" (ticks that read inputs skip the host copy into the pinned
+    buffers: is the copy what cools the next tick?); "torch-stage" (that copy by torch, on its
+    thread pool, so other cores' caches take it)."""
+    import torch
+
+    s = eng.session("main")
+    got: dict[str, dict[str, list[float]]] = {}
+    since = None
+    gc.collect()
+    gc.freeze()
+    try:
+        for i in range(ticks):
+            o = obs[i % len(obs)]
+            k = eng.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
+            kind = eng.policy.tick_kinds[k]
+            t = [time.perf_counter()]
+            x = eng._obs(o)
+            t.append(time.perf_counter())
+            names = s.tick_names[k]
+            if variant == "normal":
+                for n in names:
+                    s.inputs.stage(n, x[n])
+            elif variant == "torch-stage":
+                for n in names:
+                    s.inputs.host[n].copy_(torch.from_numpy(x[n]).view(s.inputs.host[n].shape))
+            t.append(time.perf_counter())
+            s.plans[k].replay()
+            t.append(time.perf_counter())
+            if eng._stream is not None:
+                eng._wait()
+            t.append(time.perf_counter())
+            s.steps += 1
+            if names:
+                since, key = 0, kind
+            else:
+                since = None if since is None else since + 1
+                key = "queue" if since is None else f"queue+{min(since, 3)}"
+            if i < 8:
+                continue
+            ph = got.setdefault(key, {})
+            for name, t0, t1 in zip(("check", "stage", "replay", "wait"), t, t[1:], strict=False):
+                ph.setdefault(name, []).append((t1 - t0) * 1e6)
+            ph.setdefault("tick", []).append((t[-1] - t[0]) * 1e6)
+    finally:
+        gc.unfreeze()
+    return {k: {n: pct(v) for n, v in ph.items()} for k, ph in sorted(got.items())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="builtin:diffusion")
@@ -87,6 +138,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--spin-variants", default="", help="SPIN_WAIT_S values, comma-separated")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each --spin-variants value")
+    ap.add_argument(
+        "--post-infer",
+        default="",
+        help="variants of post_infer(), comma-separated: normal, no-stage, torch-stage",
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     over = {"size": a.size}
@@ -94,6 +150,13 @@ def main() -> int:
         over["num_inference_steps"] = a.steps
     eng = Engine(load_policy(a.spec, **over), device=a.device, fuse=not a.no_fuse)
     obs = observations(eng, 64)
+    if a.post_infer:
+        out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "post_infer": {}}
+        for _ in range(a.rounds):
+            for v in a.post_infer.split(","):
+                out["post_infer"].setdefault(v, []).append(post_infer(eng, obs, a.ticks, v))
+        report(out, a.out)
+        return 0
     if a.spin_variants:
         spins = [float(x) for x in a.spin_variants.split(",")]
         out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "by_spin": {}}

@@ -159,3 +159,38 @@ def test_an_image_staged_once_is_not_copied_again_while_it_is_the_same_immutable
     w[:] = 255 - w
     step(top, w)
     assert inputs.copies == n + 8 + 4
+
+
+def test_a_prestaged_image_is_not_copied_by_the_step_that_uses_it():
+    """Engine.prestage (the node calls it when an image arrives) copies an immutable image into
+    the pinned staging buffer between steps; the next step given that array copies only the
+    rest and sees the right pixels. A writable array is not kept (False, nothing copied), and
+    a frame prestaged and then superseded by another in the step is staged by the step."""
+    from test import lerobot_like as ll
+
+    eng = Engine(load_policy("test.lerobot_like:make_stats"), device="cuda", fuse=False)
+    inputs = eng.session("main").inputs
+    rng = np.random.default_rng(7)
+
+    def frame(shape) -> np.ndarray:
+        raw = rng.integers(0, 256, shape, dtype=np.uint8).tobytes()
+        return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+
+    def step(t, w) -> None:
+        obs = {"observation.state": np.zeros(4), "observation.images.top": t}
+        a = eng.step({**obs, "observation.images.wrist": w})
+        np.testing.assert_allclose(a, ll.expected_stats(t, w, "rgb8", "rgb8"), rtol=0, atol=1e-5)
+
+    top, wrist = frame((*ll.TOP_HW, 3)), frame((*ll.WRIST_HW, 3))
+    n = inputs.copies
+    assert eng.prestage("observation.images.top", top) is True
+    assert eng.prestage("observation.images.wrist", wrist) is True
+    assert inputs.copies == n + 2
+    step(top, wrist)
+    assert inputs.copies == n + 3  # the state only
+    assert eng.prestage("observation.images.top", np.array(top)) is False  # writable
+    assert inputs.copies == n + 3
+    eng.prestage("observation.images.top", frame((*ll.TOP_HW, 3)))  # superseded before a step
+    newer = frame((*ll.TOP_HW, 3))
+    step(newer, wrist)
+    assert inputs.copies == n + 4 + 2  # prestage, then the state and the newer frame

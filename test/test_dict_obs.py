@@ -158,3 +158,30 @@ def test_on_the_cpu_every_step_copies_its_images():
     for _ in range(3):
         eng.step(obs)
     assert not inputs.keeps and inputs.copies == n + 3 * len(obs)
+
+
+def test_prestage_refuses_what_is_not_an_image_input_and_keeps_nothing_on_the_cpu():
+    """Engine.prestage checks the name, shape and dtype like a step's image (BadRequest naming
+    it); on the CPU nothing is kept, so it returns False and the steps are unchanged."""
+    eng = Engine(load_policy("test.lerobot_like:make_stats"), device="cpu")
+    ref = Engine(load_policy("test.lerobot_like:make_stats"), device="cpu")
+    top = np.frombuffer(bytes(range(256)) * (ll.TOP_HW[0] * ll.TOP_HW[1] * 3 // 256 + 1), np.uint8)
+    top = top[: ll.TOP_HW[0] * ll.TOP_HW[1] * 3].reshape(*ll.TOP_HW, 3)
+    for name, img, why in [
+        ("observation.images.nope", top, "not an image input"),
+        ("observation.state", top, "not an image input"),
+        ("observation.images.top", top[:-1], "must have shape"),
+        ("observation.images.top", top.astype(np.float32), "dtype uint8"),
+        ("observation.images.top", [1, 2], "numpy array"),
+    ]:
+        with pytest.raises(BadRequest, match=why):
+            eng.prestage(name, img)
+    inputs = eng.session("main").inputs
+    n = inputs.copies
+    assert eng.prestage("observation.images.top", top) is False
+    assert inputs.copies == n
+    spec = eng.observation_spec()
+    obs = {k: np.zeros(v["shape"], np.uint8) for k, v in spec.items() if v["kind"] == "image"}
+    obs["observation.state"] = np.ones(4, np.float32)
+    obs["observation.images.top"] = top
+    np.testing.assert_array_equal(eng.step(obs), ref.step(obs))

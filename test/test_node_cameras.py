@@ -153,6 +153,7 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert d["camera.top.received"] == "10" and d["camera.top.refused"] == "5", d
     assert d["camera.wrist.received"] == "6" and d["camera.wrist.refused"] == "1", d
     assert d["camera.top.encoding"] == "rgb8" and d["camera.wrist.encoding"] == "bgr8"
+    assert d["camera.top.prestaged"] == "0", d  # on the CPU the step reads what it stages
     assert 0.0 <= float(d["camera.top.age_s"]) < 5.0, d
     assert int(d["refused_inputs"]) == 1 + 6, d  # the stale trigger and the six bad images
     assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera

@@ -66,6 +66,7 @@ class Camera:
     accepted: int = 0
     refused: int = 0
     stale: int = 0  # steps withheld because this camera had no fresh image
+    prestaged: int = 0  # images copied into the engine's staging buffer on arrival
     last_refusal: str = ""
 
 
@@ -85,10 +86,11 @@ class Cameras:
     The subscriptions go to `callback_group`, a polled.PolledGroup the executor never runs.
     `polled`: the control thread calls `take()` at the top of each tick (timer mode, as
     joint_states: polled.py says why). Otherwise the inputs' loop (inputs.py) takes them and
-    calls `on_image` (observation mode); there every message handled is acknowledged on
-    `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and accepted per camera, in
-    `cameras` order), so a lockstep replay knows the node holds an image before it sends the
-    joint_states that steps on it."""
+    calls `on_image` (observation mode), which hands each valid image to `prestage` (the node
+    copies it into the engine's staging buffer then, between steps); there every message
+    handled is acknowledged on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and
+    accepted per camera, in `cameras` order), so a lockstep replay knows the node holds an image
+    before it sends the joint_states that steps on it."""
 
     def __init__(
         self,
@@ -99,12 +101,14 @@ class Cameras:
         callback_group,
         polled: bool,
         qos,
+        prestage: Callable[[str, np.ndarray], bool] | None = None,
     ):
         from rclpy.qos import QoSDurabilityPolicy, QoSProfile
         from sensor_msgs.msg import Image
         from std_msgs.msg import MultiArrayDimension, UInt64MultiArray
 
         self._refuse = refuse
+        self._prestage = None if polled else prestage
         self.cams: list[Camera] = []
         if cameras and typestore is not None:
             warm_decoder()
@@ -168,6 +172,8 @@ class Cameras:
             cam.latest, cam.latest_t = img, time.monotonic() - age
             cam.accepted += 1
             ok = True
+            if self._prestage is not None and self._prestage(cam.key, img):
+                cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
         if self._seen_pub is not None:
             self._publish_seen()
         return ok
@@ -205,6 +211,7 @@ class Cameras:
             kv[p + "received"] = str(c.received)
             kv[p + "refused"] = str(c.refused)
             kv[p + "stale_steps"] = str(c.stale)
+            kv[p + "prestaged"] = str(c.prestaged)
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
             kv[p + "encoding"] = c.encoding
             kv[p + "last_refusal"] = c.last_refusal

@@ -176,6 +176,7 @@ class FlashrtNode(LifecycleNode):
                 self._polled,
                 polled=timer,
                 qos=qos_profile_sensor_data if timer else 10,
+                prestage=self._prestage,
             )
         self._subs = [
             self.create_subscription(
@@ -404,6 +405,21 @@ class FlashrtNode(LifecycleNode):
         offset = self.cfg.publish_offset_s
         at = deadline + offset if offset > 0 else None
         self._step(obs, t, publish_at=at, tick_start=t_in)
+
+    def _prestage(self, key: str, img: np.ndarray) -> bool:
+        """Observation mode: stage a valid image as it arrives, on the thread that steps, so
+        the step on the next joint_states does not copy it (Engine.prestage; on CUDA only).
+        Anything that goes wrong here only means the step stages it itself."""
+        ctl = self.control
+        with ctl.lock:
+            eng = ctl.engine
+            if eng is None or not self.active:
+                return False
+            try:
+                return eng.prestage(key, img, session=ctl.live)
+            except Exception as e:  # noqa: BLE001 - a poisoned session, a device error: the step says
+                self.get_logger().debug(f"prestage of {key!r} skipped: {e}")
+                return False
 
     def _stale(self, why: str) -> None:
         self._stale_why = why

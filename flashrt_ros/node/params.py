@@ -647,12 +647,13 @@ NODE_PARAMS = ParamTable(
             False,
             "bool",
             "while active, the thread that steps polls for its inputs and requests between "
-            "ticks instead of sleeping: one CPU core at 100 %, no sleep to wake from, and ticks and "
-            "requests run on a core whose caches are warm (on a virtual machine a sleeping CPU "
-            "gives its core away); the node's other Python threads (rollouts, parameter and "
+            "ticks instead of sleeping: one CPU core at 100 %, no sleep to wake from, and ticks "
+            "and requests run on a core whose caches are warm (on a virtual machine a sleeping "
+            "CPU gives its core away); the node's other Python threads (rollouts, parameter and "
             "lifecycle requests) get the GIL between two looks, usually within 0.1 ms but at "
-            "times a few ms (2-core CPU machine), so rollouts run slower; with realtime_priority, the kernel's "
-            "real-time throttling stalls a thread that never sleeps (a warning says so)",
+            "times a few ms (2-core CPU machine), so rollouts run slower; with "
+            "realtime_priority, the kernel's real-time throttling stalls a thread that never "
+            "sleeps (a warning says so)",
         ),
         Param(
             "capsule_slots",

@@ -901,7 +901,8 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
     publishing joint_states) to the first command received here. The node's torch inductor and
     triton caches and its bytecode cache are `cache_dir` (empty: cold; filled by an earlier
-    run: warm). Label "floor": the start floor (ros_floors.py start) instead of the node."""
+    run: warm). Label "unfused": the node with fuse=false (nothing compiled). Label "floor":
+    the start floor (ros_floors.py start) instead of the node."""
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
 
@@ -939,7 +940,13 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
         else:
             proc = launch_node(
                 # the node points both caches at <compile_cache_dir>/<fingerprint> itself
-                node_params(args, trigger="timer", rate_hz=rate, compile_cache_dir=str(cache_dir)),
+                node_params(
+                    args,
+                    trigger="timer",
+                    rate_hz=rate,
+                    compile_cache_dir=str(cache_dir),
+                    **({"fuse": False} if label == "unfused" else {}),
+                ),
                 log_dir=log_dir,
                 env=env,
             )
@@ -1131,6 +1138,7 @@ def headline(
         "warm_start_s": dig(starts.get("warm"), "first_command_s"),
         "cold_start_s": dig(starts.get("cold"), "first_command_s"),
         "floor_start_s": dig(starts.get("floor"), "first_command_s"),
+        "unfused_start_s": dig(starts.get("unfused"), "first_command_s"),
         "node_cpu_pct_500hz": dig(r500, "cpu_pct"),
         "floor_image_echo_p50_us": dig(fi, "p50_us"),
         "obs_to_action_p99_us": obs["obs_to_action_p99_us"] if obs else None,
@@ -1177,15 +1185,17 @@ def headline(
         "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR, "
         "TRITON_CACHE_DIR and FLASHRT_PYCACHE (the node's bytecode cache) a new empty folder, "
         "first node start of the run; warm: the next start with the same folders; "
-        "floor_start_s: the same for a bare rclpy node that imports torch, makes one tensor on "
-        "the device and answers each joint_states through it (bench/ros_floors.py start)",
+        "unfused_start_s: the node with fuse=false (its step captured without compiling), "
+        "after the warm start; floor_start_s: the same for a bare rclpy node that imports "
+        "torch, makes one tensor on the device and answers each joint_states through it "
+        "(bench/ros_floors.py start)",
     }
     if not given_floors:
         for k in [k for k in out if k.startswith("floor_") and k != "floor_start_s"]:
             del out[k]
         del out["vs_floor"]
     if not given_starts:
-        for k in ("warm_start_s", "cold_start_s", "floor_start_s", "start_rule"):
+        for k in ("warm_start_s", "cold_start_s", "floor_start_s", "unfused_start_s", "start_rule"):
             del out[k]
     return out
 
@@ -1312,7 +1322,9 @@ def main() -> int:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="flashrt_bench_cache_") as tmp:
-            for label in ("cold", "warm", "floor"):
+            # unfused: the node with fuse=false (the plain step captured, nothing compiled),
+            # after the warm start has filled the bytecode cache
+            for label in ("cold", "warm", "unfused", "floor"):
                 r = attempt(f"{label} start", run_startup, args, Path(tmp), label, log_dir)
                 if r is not None:
                     starts[label] = r
@@ -1466,7 +1478,8 @@ def print_table(r: dict) -> None:
         "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
         "floor_service_p50_us floor_jitter_p99_us node_step_p50_us overruns_1khz_60s "
         "node_jitter_p99_us_1khz client_jitter_p99_us_1khz floor_jitter_p99_us_1khz "
-        "warm_start_s cold_start_s floor_start_s node_cpu_pct_500hz floor_image_echo_p50_us"
+        "warm_start_s cold_start_s unfused_start_s floor_start_s node_cpu_pct_500hz "
+        "floor_image_echo_p50_us"
     ).split()
     print("\nros: " + " ".join(f"{k}={r.get(k)}" for k in keys) + "\n", flush=True)
 

@@ -147,6 +147,7 @@ class FlashrtNode(LifecycleNode):
                 obs_limit=cfg.obs_limit,
                 flight_ticks=cfg.flight_ticks,
                 compile_cache_dir=cfg.compile_cache_dir or None,
+                fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
                 image_encodings={
                     IMAGE_PREFIX + name: enc for name, enc in cameras.items() if enc is not None
                 },
@@ -203,7 +204,7 @@ class FlashrtNode(LifecycleNode):
             self._start_inputs()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
-            f"({'captured graph' if engine.session('main').captured else 'eager CPU path'}), "
+            f"({self._step_kind(engine)}), "
             f"state {engine.state_nbytes} B, {cfg.capsule_slots} capsule slots, "
             f"trigger {cfg.trigger}{' (busy wait)' if cfg.busy_wait else ''}, "
             f"{len(engine.capsules())} capsules reloaded, "
@@ -222,6 +223,13 @@ class FlashrtNode(LifecycleNode):
         gc.collect()
         gc.freeze()
         return super().on_configure(state)
+
+    @staticmethod
+    def _step_kind(engine: Engine) -> str:
+        """How the step runs, for the configure log line."""
+        if not engine.session("main").captured:
+            return "eager CPU path"
+        return "captured graph, " + ("fused" if engine.fuse else "unfused (fuse: false)")
 
     @staticmethod
     def _check_inputs(policy, cameras: dict[str, str | None]) -> str:

@@ -38,7 +38,6 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
-from flashrt_ros.node.cameras import Cameras
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
@@ -84,7 +83,7 @@ class FlashrtNode(LifecycleNode):
         self._polled = PolledGroup()  # every subscription: none is the executor's (polled.py)
         self._js_sub = None
         self._subs = []
-        self._cams: Cameras | None = None  # camera/<name>/image_raw (cameras.py)
+        self._cams = None  # node/cameras.py Cameras: camera/<name>/image_raw
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
@@ -169,6 +168,9 @@ class FlashrtNode(LifecycleNode):
         self._state_key, self._cams = state_key, None
         timer = cfg.trigger == "timer"
         if cameras:
+            # imported here: it loads rosbags' decoder, ~45 ms of start-up without cameras
+            from flashrt_ros.node.cameras import Cameras
+
             self._cams = Cameras(
                 self,
                 cameras,

@@ -6,7 +6,10 @@ torch.compile vs our captured graph, and the state's size and capsule costs. No 
 
 `policies_rows(device, quick)` returns the rows ("policies" in the results JSON):
 {"policy", "size", "tick", "state_bytes", "eager_p50_us", "compile_p50_us", "graph_p50_us",
-"graph_p99_us", "snapshot_p50_us", "restore_p50_us"}; a column is None where a mode was not run.
+"graph_p99_us", "graph_fused", "snapshot_p50_us", "restore_p50_us"}; a column is None where a
+mode was not run. The graph is always the fused one the node serves; past COMPILE_UNTIL_S of the
+run only the "compile" comparison is skipped (a full run once left lerobot-100's graph unfused
+there: 105.6 instead of 66.2 ms an infer tick, 1c0d1d8).
 builtin:diffusion compiles its UNet alone (Policy.compile_parts: the whole step's unrolled
 denoising loop would take inductor minutes at the lerobot size), so "compile" and "graph" there
 mean the step around a compiled UNet. Each
@@ -137,15 +140,17 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
     modes = [("eager", dict(use_graph=False, fuse=False))]
     if do_compile:
         modes.append(("compile", dict(use_graph=False, fuse=True)))
-    if cuda:
-        modes.append(("graph", dict(use_graph=True, fuse=do_compile)))
-    state_bytes, capsule = None, (None, None)
+    if cuda:  # fused as the node serves it, even past COMPILE_UNTIL_S (that skips "compile")
+        modes.append(("graph", dict(use_graph=True, fuse=True)))
+    state_bytes, capsule, graph_fused = None, (None, None), None
     for mode, kw in modes:
         t0 = time.perf_counter()
         eng = Engine(policy, device=device, capsule_slots=4, **kw)
         if mode == "compile" and not cuda:
             eng = _compiled_cpu(eng)
         state_bytes = eng.state_nbytes
+        if mode == "graph":
+            graph_fused = eng.fuse
         times = tick_times(eng, ticks, budget_s)
         log(
             f"  {spec} {size} {mode}: built+ran in {time.perf_counter() - t0:.1f}s, "
@@ -173,6 +178,7 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
                 "compile_p50_us": p50("compile"),
                 "graph_p50_us": p50("graph"),
                 "graph_p99_us": None if g is None else round(float(np.percentile(g, 99)), 1),
+                "graph_fused": graph_fused,
                 "snapshot_p50_us": round(capsule[0], 1),
                 "restore_p50_us": round(capsule[1], 1),
             }
@@ -199,7 +205,7 @@ def policies_rows(
     t_start = time.perf_counter()
     for spec, size, overrides, do_compile in configs:
         if time.perf_counter() - t_start > COMPILE_UNTIL_S:
-            do_compile = False  # inductor takes tens of seconds a policy: keep the run short
+            do_compile = False  # torch.compile's comparison takes tens of seconds: skip it
         try:
             rows += bench_policy(spec, size, overrides, do_compile, device, ticks, budget, log)
         except Exception as e:  # noqa: BLE001 - reported in the results

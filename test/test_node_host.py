@@ -450,3 +450,45 @@ def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
         stopped = loop.stop(timeout=2.0)
     assert stopped and time.monotonic() - t0 < 1.0 and not loop.running
     loop.close()
+
+
+@pytest.mark.parametrize("look_us", ["0", "200"])
+def test_a_busy_timer_loop_serves_between_its_ticks_with_or_without_waiting_looks(
+    ros, owner, monkeypatch, look_us
+):
+    """busy_wait: the control thread looks at the services' wait set between ticks; each look
+    either does not wait (the default) or waits up to FLASHRT_BUSY_LOOK_US. Either way the
+    requests are answered by the control thread and the ticks keep their deadlines."""
+    from flashrt_ros.node.loop import TimerLoop
+    from flashrt_ros.srv import ListCapsules
+
+    monkeypatch.setenv("FLASHRT_BUSY_LOOK_US", look_us)
+    host, by = _recording_host(owner)
+    host.start()
+    ticks: list = []
+    loop = TimerLoop(
+        200.0,
+        ticks.append,
+        on_timing=lambda jitter, missed, took: None,
+        on_error=lambda e: ticks.append(("error", e)),
+        serving=host.lent,
+        wake=host.wake,
+        busy=True,
+    )
+    assert loop.look_s == float(look_us) * 1e-6
+    loop.start()
+    try:
+        t_end = time.monotonic() + 5.0
+        while not host._lent and time.monotonic() < t_end:
+            time.sleep(0.005)
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        for _ in range(10):
+            ros.call(ls, ListCapsules.Request())
+        assert by == ["flashrt-control"] * 10
+        time.sleep(0.1)
+    finally:
+        loop.stop()
+    assert ticks and not [t for t in ticks if isinstance(t, tuple)], ticks[-3:]
+    gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
+    host.destroy()

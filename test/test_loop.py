@@ -163,14 +163,3 @@ def test_realtime_with_busy_wait_warns_about_the_kernels_throttling(tmp_path):
     real = "/proc/sys/kernel/sched_rt_runtime_us"  # this machine's own setting
     if os.path.exists(real) and int(open(real).read()) >= 0:
         assert "throttles" in throttle_note(1, True)
-
-
-def test_busy_look_reads_its_variable_and_ignores_bad_values():
-    """FLASHRT_BUSY_LOOK_US: how long a polling thread's look may wait, in us (0-1000); unset,
-    out of range or not a number: 0 (look without waiting)."""
-    from flashrt_ros.node.loop import busy_look_s
-
-    assert busy_look_s({}) == 0.0
-    assert busy_look_s({"FLASHRT_BUSY_LOOK_US": "200"}) == pytest.approx(200e-6)
-    for bad in ("-1", "5000", "nan", "soon", ""):
-        assert busy_look_s({"FLASHRT_BUSY_LOOK_US": bad}) == 0.0, bad

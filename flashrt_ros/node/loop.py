@@ -23,18 +23,6 @@ SPIN_S = 0.0002
 PR_SET_TIMERSLACK = 29
 
 
-def busy_look_s(env=os.environ) -> float:
-    """How long one look of a polling (busy_wait) thread may block on its wait set: 0 (the
-    default) looks without waiting; FLASHRT_BUSY_LOOK_US (0-1000) lets it wait that long, so a
-    request wakes it at once instead of at the next look (each look re-arms the wait set:
-    tens of us in Python). For benchmarks on a given machine; a bad value is ignored."""
-    try:
-        us = float(env.get("FLASHRT_BUSY_LOOK_US", "0"))
-    except ValueError:
-        return 0.0
-    return us * 1e-6 if 0.0 <= us <= 1000.0 else 0.0
-
-
 def precise_sleeps() -> bool:
     """Set the calling thread's timer slack to 1 ns (Linux prctl); False where not possible."""
     try:
@@ -228,7 +216,6 @@ class TimerLoop:
     ):
         self.period = 1.0 / rate_hz
         self.busy = busy
-        self.look_s = busy_look_s()  # busy: how long one look may wait (0: not at all)
         self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
         self.on_timing = on_timing  # (jitter_s, overruns, tick_s) after each tick
@@ -275,7 +262,7 @@ class TimerLoop:
         True when stopped."""
         while (left := deadline - SPIN_S - time.monotonic()) > 0:
             if self.busy:
-                left = min(left, self.look_s)  # look, never sleep long (the class docstring)
+                left = 0.0  # look, never sleep (the class docstring)
                 if serve is None:
                     os.sched_yield()  # the GIL is free meanwhile; the core stays ours
                     if self._stop.is_set():

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
-from flashrt_ros.node.loop import busy_look_s, precise_sleeps
+from flashrt_ros.node.loop import precise_sleeps
 
 WAKE_NS = 1_000_000_000  # with nothing ready the loop looks at the context once a second
 
@@ -103,10 +103,9 @@ class WaitLoop:
         # by default: 91 us a look on Fast DDS, 63 % of it asleep) against 25 us awake with 1 ns
         # (2-core CPU machine, ad hoc, not committed).
         precise_sleeps()
-        look_ns = int(busy_look_s() * 1e9)  # busy: how long one look may wait (0: not at all)
         with self.waiting() as wait:
             while not self.stopping():
-                wait(look_ns if self.busy else WAKE_NS, self.stopping)
+                wait(0 if self.busy else WAKE_NS, self.stopping)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[Callable[..., None]]:

@@ -94,3 +94,14 @@ def test_image_bag_replays_deterministically_through_the_node_and_offline(node, 
     make_bag(blank, blank=True)
     assert replay([str(blank), str(tmp_path / "offb"), *offline[2:]]) == 0
     assert bagdiff([str(tmp_path / "off"), str(tmp_path / "offb")]) == 1
+
+
+def test_offline_replay_refuses_compressed_cameras(tmp_path, capsys):
+    """A bag holds raw sensor_msgs/Image frames: --cameras NAME:compressed is refused with the
+    reason, and nothing is written."""
+    bag = tmp_path / "cams"
+    make_bag(bag)
+    args = [str(bag), str(tmp_path / "out"), "--offline", "--policy", SPEC]
+    assert replay([*args, "--cameras", "top:compressed,wrist:bgr8"]) != 0
+    assert "compressed cameras are not replayed offline" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

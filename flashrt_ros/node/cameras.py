@@ -23,6 +23,7 @@ same ones to the images of a bag.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import numpy as np
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node.polled import take
-from flashrt_ros.obs.images import camera_key, image_array
+from flashrt_ros.obs.images import COMPRESSED, camera_key, decode_compressed, image_array
 
 try:  # rosbags (requirements.txt) decodes; without it, rclpy's own conversion is used
     from flashrt_ros.replay.bags import typestore
@@ -40,15 +41,22 @@ except ImportError:  # pragma: no cover - depends on the machine
     typestore = None
 
 IMAGE_TYPE = "sensor_msgs/msg/Image"
+COMPRESSED_TYPE = "sensor_msgs/msg/CompressedImage"
+
+
+def decode_message(raw: bytes, type_name: str = IMAGE_TYPE, what: str = "image"):
+    """A serialized sensor_msgs/Image or CompressedImage (CDR) as a message whose `data` is a
+    numpy view over `raw`; BadRequest when it does not decode."""
+    try:
+        return typestore().deserialize_cdr(raw, type_name)
+    except Exception as e:  # noqa: BLE001 - whatever the decoder raises on a bad payload
+        short = type_name.rsplit("/", 1)[-1]
+        raise BadRequest(f"{what}: not a sensor_msgs/{short} ({type(e).__name__}: {e})") from None
 
 
 def decode_image(raw: bytes, what: str = "image"):
-    """A serialized sensor_msgs/Image (CDR) as a message whose `data` is a numpy view over
-    `raw`; BadRequest when it does not decode."""
-    try:
-        return typestore().deserialize_cdr(raw, IMAGE_TYPE)
-    except Exception as e:  # noqa: BLE001 - whatever the decoder raises on a bad payload
-        raise BadRequest(f"{what}: not a sensor_msgs/Image ({type(e).__name__}: {e})") from None
+    """decode_message for a sensor_msgs/Image."""
+    return decode_message(raw, IMAGE_TYPE, what)
 
 
 @dataclass
@@ -67,6 +75,8 @@ class Camera:
     refused: int = 0
     stale: int = 0  # steps withheld because this camera had no fresh image
     prestaged: int = 0  # images copied into the engine's staging buffer on arrival
+    compressed: bool = False  # sensor_msgs/CompressedImage on .../image_raw/compressed
+    decode_ms: float = 0.0  # compressed: the last frames' decode time (moving average)
     last_refusal: str = ""
 
 
@@ -78,6 +88,17 @@ def warm_decoder() -> None:
     from sensor_msgs.msg import Image
 
     decode_image(serialize_message(Image(height=1, width=1, encoding="mono8", step=1, data=b"\0")))
+
+
+def warm_compressed() -> None:
+    """Import Pillow and decode one tiny PNG now (configure), not on the first frame."""
+    import io
+
+    from PIL import Image
+
+    b = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(b, "PNG")
+    decode_compressed(b.getvalue(), (2, 2, 3))
 
 
 class Cameras:
@@ -104,26 +125,32 @@ class Cameras:
         prestage: Callable[[str, np.ndarray], bool] | None = None,
     ):
         from rclpy.qos import QoSDurabilityPolicy, QoSProfile
-        from sensor_msgs.msg import Image
+        from sensor_msgs.msg import CompressedImage, Image
         from std_msgs.msg import MultiArrayDimension, UInt64MultiArray
 
         self._refuse = refuse
         self._prestage = None if polled else prestage
+        self._seen_lock = threading.Lock()  # the decode thread acknowledges frames too
         self.cams: list[Camera] = []
         if cameras and typestore is not None:
             warm_decoder()
-        for name in cameras:
+        for name, enc in cameras.items():
             s = spec[camera_key(name)]
             cam = Camera(name, camera_key(name), tuple(s["shape"]), s["encoding"])
+            cam.compressed = enc == COMPRESSED
             cam.sub = node.create_subscription(
-                Image,
-                f"camera/{name}/image_raw",
-                partial(self.on_image, cam),  # (message, age): called by the inputs' loop
+                CompressedImage if cam.compressed else Image,
+                f"camera/{name}/image_raw" + ("/compressed" if cam.compressed else ""),
+                partial(self.on_compressed if cam.compressed else self.on_image, cam),
                 qos,
                 callback_group=callback_group,
                 raw=typestore is not None,  # decoded by decode_image (the module docstring)
             )
             self.cams.append(cam)
+        if any(c.compressed for c in self.cams):
+            warm_compressed()
+        self._decoder = None  # the compressed cameras' own thread (start_decoding)
+        self._node = node
         self.polled = polled
         self._seen_pub = None
         if not polled:
@@ -139,7 +166,31 @@ class Cameras:
             ]
             self._publish_seen()
 
+    def raw_subs(self) -> list:
+        """The subscriptions of the uncompressed cameras (taken by the inputs' loop or the
+        control thread; the compressed ones have the decode thread)."""
+        return [c.sub for c in self.cams if not c.compressed]
+
+    def start_decoding(self) -> None:
+        """Start the thread that takes and decodes the compressed cameras' frames (none when
+        there is no compressed camera): a JPEG decode takes a millisecond or more, which on
+        the thread that steps would delay the step behind it. Pillow decodes without the GIL."""
+        subs = [c.sub for c in self.cams if c.compressed]
+        if subs and self._decoder is None:
+            from flashrt_ros.node.inputs import InputLoop
+
+            self._decoder = InputLoop(self._node.context, self._node.get_logger(), subs)
+            self._decoder.thread_name = "flashrt-decode"
+            self._decoder.start()
+
+    def stop_decoding(self) -> None:
+        """End the decode thread (it ends before the subscriptions it waits on go)."""
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
     def close(self, node) -> None:
+        self.stop_decoding()
         for c in self.cams:
             node.destroy_subscription(c.sub)
         if self._seen_pub is not None:
@@ -151,7 +202,7 @@ class Cameras:
         ones in polled mode."""
         for c in self.cams:
             c.latest = None
-            if self.polled:
+            if self.polled and not c.compressed:
                 while take(c.sub) is not None:
                     pass
 
@@ -164,27 +215,53 @@ class Cameras:
                 msg = decode_image(msg, what)
             img = image_array(msg, cam.shape, cam.encoding, what)
         except BadRequest as e:
-            cam.refused += 1
-            cam.last_refusal = str(e)
-            self._refuse(str(e))
-            ok = False
-        else:
-            cam.latest, cam.latest_t = img, time.monotonic() - age
-            cam.accepted += 1
-            ok = True
-            if self._prestage is not None and self._prestage(cam.key, img):
-                cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
+            return self._refused(cam, e)
+        return self._accepted(cam, img, age)
+
+    def on_compressed(self, cam: Camera, msg, age: float = 0.0) -> bool:
+        """A compressed camera's frame (on the decode thread): its JPEG or PNG decoded to the
+        camera's rgb8 (mono8) and checked; then as on_image. False if refused."""
+        cam.received += 1
+        what = f"camera {cam.name!r}"
+        t0 = time.perf_counter()
+        try:
+            if isinstance(msg, bytes | bytearray | memoryview):
+                msg = decode_message(msg, COMPRESSED_TYPE, what)
+            img = decode_compressed(memoryview(msg.data), cam.shape, what)
+        except BadRequest as e:
+            return self._refused(cam, e)
+        ms = (time.perf_counter() - t0) * 1e3
+        cam.decode_ms = ms if cam.decode_ms == 0.0 else 0.9 * cam.decode_ms + 0.1 * ms
+        return self._accepted(cam, img, age)
+
+    def _refused(self, cam: Camera, e: BadRequest) -> bool:
+        cam.refused += 1
+        cam.last_refusal = str(e)
+        self._refuse(str(e))
         if self._seen_pub is not None:
             self._publish_seen()
-        return ok
+        return False
+
+    def _accepted(self, cam: Camera, img: np.ndarray, age: float) -> bool:
+        cam.latest, cam.latest_t = img, time.monotonic() - age
+        cam.accepted += 1
+        if self._prestage is not None and self._prestage(cam.key, img):
+            cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
+        if self._seen_pub is not None:
+            self._publish_seen()
+        return True
 
     def _publish_seen(self) -> None:
-        self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
-        self._seen_pub.publish(self._seen)
+        with self._seen_lock:
+            self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
+            self._seen_pub.publish(self._seen)
 
     def take(self) -> None:
-        """Polled mode: handle every queued message of every camera (newest valid one wins)."""
+        """Polled mode: handle every queued message of every uncompressed camera (newest valid
+        one wins); the compressed ones are the decode thread's."""
         for c in self.cams:
+            if c.compressed:
+                continue
             while (got := take(c.sub)) is not None:
                 self.on_image(c, got[0], age=got[1])
 
@@ -212,6 +289,9 @@ class Cameras:
             kv[p + "refused"] = str(c.refused)
             kv[p + "stale_steps"] = str(c.stale)
             kv[p + "prestaged"] = str(c.prestaged)
+            kv[p + "transport"] = "compressed" if c.compressed else "raw"
+            if c.compressed:
+                kv[p + "decode_ms"] = f"{c.decode_ms:.2f}"
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
             kv[p + "encoding"] = c.encoding
             kv[p + "last_refusal"] = c.last_refusal

@@ -47,7 +47,7 @@ from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_realtime, throttle_note
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
-from flashrt_ros.obs.images import match_policy, parse_cameras
+from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.policies.base import IMAGE_PREFIX
 from flashrt_ros.policies.loader import load_policy
@@ -147,8 +147,10 @@ class FlashrtNode(LifecycleNode):
                 flight_ticks=cfg.flight_ticks,
                 compile_cache_dir=cfg.compile_cache_dir or None,
                 fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
-                image_encodings={
-                    IMAGE_PREFIX + name: enc for name, enc in cameras.items() if enc is not None
+                image_encodings={  # a compressed camera is decoded to the policy's default
+                    IMAGE_PREFIX + name: engine_encoding(enc)
+                    for name, enc in cameras.items()
+                    if engine_encoding(enc) is not None
                 },
             )
         except (ValueError, RuntimeError, OSError) as e:
@@ -197,7 +199,7 @@ class FlashrtNode(LifecycleNode):
         # timer mode: the control thread takes joint_states and the images itself
         drained = [self._subs[0]]  # the goal
         if not timer and self._cams is not None:
-            drained += [c.sub for c in self._cams.cams]
+            drained += self._cams.raw_subs()  # the compressed ones: the decode thread
         stepping = None if timer else self._js_sub
         # observation mode: the thread that steps answers the services too (inputs.py)
         host = None if timer else self.service_host
@@ -311,6 +313,8 @@ class FlashrtNode(LifecycleNode):
             self._start_inputs()
 
     def _start_inputs(self) -> None:
+        if self._cams is not None:
+            self._cams.start_decoding()  # the compressed cameras' thread, if any
         thread = self._inputs.start()
         if self.cfg.trigger == "observation":  # its thread steps
             self._realtime(thread)
@@ -337,6 +341,8 @@ class FlashrtNode(LifecycleNode):
         self._close_inputs()
 
     def _close_inputs(self) -> None:
+        if self._cams is not None:
+            self._cams.stop_decoding()
         if self._inputs is not None:
             self._inputs.close()
             self._inputs = None

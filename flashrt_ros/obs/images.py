@@ -13,10 +13,13 @@ import numpy as np
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.obs.keys import IMAGE_PREFIX
 
-CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8))?"  # a `cameras` item: name[:encoding]
+# a `cameras` item: name[:encoding], or name:compressed (sensor_msgs/CompressedImage)
+CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8|compressed))?"
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
-CAMERA_TEXT = "name or name:encoding; a name is a letter then letters, digits or _; encoding "
-CAMERA_TEXT += "rgb8, bgr8 or mono8"
+COMPRESSED = "compressed"  # a camera whose JPEG or PNG frames are decoded to rgb8 (or mono8)
+FORMATS = ("JPEG", "PNG")  # what a compressed camera's frames may be
+CAMERA_TEXT = "name, name:encoding or name:compressed; a name is a letter then letters, digits "
+CAMERA_TEXT += "or _; encoding rgb8, bgr8 or mono8"
 
 
 def parse_cameras(items: Iterable[str]) -> dict[str, str | None]:
@@ -31,6 +34,40 @@ def parse_cameras(items: Iterable[str]) -> dict[str, str | None]:
             raise BadRequest(f"camera {name!r} is listed twice")
         out[name] = enc or None
     return out
+
+
+def engine_encoding(encoding: str | None) -> str | None:
+    """The encoding the captured step converts from: a compressed camera is decoded to rgb8
+    (mono8 for a 1-channel input), the policy's default, so it gives None as an unset one."""
+    return None if encoding == COMPRESSED else encoding
+
+
+def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") -> np.ndarray:
+    """A JPEG or PNG frame (the bytes of a sensor_msgs/CompressedImage) as an H x W x 3 RGB
+    array (H x W grey for a 1-channel `shape`), or BadRequest. The size is read from the header
+    and checked before anything is decoded, so a frame of the wrong size (or a decompression
+    bomb) costs no decode. Other modes (grey, palette, RGBA, 16-bit) are converted by Pillow.
+    The array is a view over a bytes object, so Engine staging may keep it (inputs.immutable)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    h, w, c = shape
+    try:
+        im = Image.open(io.BytesIO(data), formats=FORMATS)
+    except (UnidentifiedImageError, OSError, ValueError, TypeError) as e:
+        raise BadRequest(f"{what}: not a JPEG or PNG image ({type(e).__name__})") from None
+    if im.size != (w, h):
+        raise BadRequest(f"{what}: {im.size[0]}x{im.size[1]} pixels, the policy takes {w}x{h}")
+    mode = "RGB" if c == 3 else "L"
+    try:
+        if im.mode != mode:
+            im = im.convert(mode)
+        raw = im.tobytes()
+    except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt after the header
+        raise BadRequest(f"{what}: the {im.format} data does not decode ({e})") from None
+    a = np.frombuffer(raw, dtype=np.uint8)
+    return a.reshape(h, w, 3) if c == 3 else a.reshape(h, w)
 
 
 def camera_key(name: str) -> str:

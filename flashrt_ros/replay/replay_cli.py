@@ -179,9 +179,14 @@ def _same_cameras(bag: list[str], served: list[str], who: str) -> None:
 
 def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = None):
     from flashrt_ros import Engine, load_policy
-    from flashrt_ros.obs.images import camera_key, parse_cameras
+    from flashrt_ros.obs.images import COMPRESSED, camera_key, parse_cameras
 
     cams = parse_cameras([c for c in a.cameras.split(",") if c]) if a.cameras else {}
+    if COMPRESSED in cams.values():
+        raise ValueError(
+            "--cameras: compressed cameras are not replayed offline (a bag holds "
+            "sensor_msgs/Image frames); give the raw encodings"
+        )
     engine = Engine(
         load_policy(a.policy, weights=a.weights or None),
         device=a.device,

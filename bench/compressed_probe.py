@@ -1,0 +1,115 @@
+"""What a compressed camera costs: decode_compressed (the node's decode of one
+sensor_msgs/CompressedImage frame) on this machine's CPU, for a 640x480 frame as JPEG (quality
+75 and 90) and PNG, and how much of its pace a Python thread keeps meanwhile (the GIL is free
+during the decode). No ROS, no GPU.
+
+    python3 bench/compressed_probe.py [--n 200] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.timing import report  # noqa: E402
+from flashrt_ros.obs.images import decode_compressed  # noqa: E402
+from flashrt_ros.sim.camera import ArmCamera  # noqa: E402
+
+H, W = 480, 640
+
+
+def frame() -> np.ndarray:
+    """A rendered sim-arm view with sensor-like noise: compresses like a camera frame, not like
+    a flat test pattern."""
+    img = ArmCamera(height=H, width=W).render(np.zeros(6), np.full(6, 0.4))
+    noise = np.random.default_rng(0).integers(-6, 7, img.shape)
+    return np.clip(img.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+
+def encode(img: np.ndarray, fmt: str, **kw) -> bytes:
+    from PIL import Image
+
+    b = io.BytesIO()
+    Image.fromarray(img).save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def pace_kept(data: bytes, seconds: float = 0.3) -> float:
+    """A counting thread's pace while this one decodes back to back, over its pace alone."""
+
+    def run(work) -> float:
+        done, counts = threading.Event(), []
+
+        def count() -> None:
+            n = 0
+            while not done.is_set():
+                n += 1
+            counts.append(n)
+
+        t = threading.Thread(target=count)
+        t0 = time.perf_counter()
+        t.start()
+        work()
+        done.set()
+        t.join()
+        return counts[0] / (time.perf_counter() - t0)
+
+    def decodes() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            decode_compressed(data, (H, W, 3))
+
+    return round(run(decodes) / run(lambda: time.sleep(seconds)), 2)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return f"{platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200, help="decodes per format")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    img = frame()
+    out = {"frame": f"{W}x{H} rgb8 (sim arm view + noise)", "machine": cpu_model()}
+    for name, fmt, kw in [
+        ("jpeg_q75", "JPEG", {"quality": 75}),
+        ("jpeg_q90", "JPEG", {"quality": 90}),
+        ("png", "PNG", {}),
+    ]:
+        data = encode(img, fmt, **kw)
+        decode_compressed(data, (H, W, 3))  # warm
+        ts = []
+        for _ in range(a.n):
+            t0 = time.perf_counter()
+            decode_compressed(data, (H, W, 3))
+            ts.append((time.perf_counter() - t0) * 1e3)
+        out[name] = {
+            "bytes": len(data),
+            "decode_p50_ms": round(float(np.percentile(ts, 50)), 3),
+            "decode_p99_ms": round(float(np.percentile(ts, 99)), 3),
+            "other_thread_pace_kept": pace_kept(data),
+        }
+    report(out, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

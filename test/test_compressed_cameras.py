@@ -1,0 +1,244 @@
+"""Compressed cameras (`name:compressed`): sensor_msgs/CompressedImage frames, JPEG or PNG,
+decoded on a thread of the node's own and then checked and stepped on like raw images. The
+decoding is tested without ROS; the node over real DDS on loopback (CPU), with the policy of
+test_node_cameras.py (builtin:act's module at 24x32, cameras top and wrist)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from flashrt_ros.errors import BadRequest
+from flashrt_ros.obs.images import decode_compressed, engine_encoding, parse_cameras
+from test.node_client import NodeClient
+from test.test_node_cameras import SPEC, H, W, frames, image_msg, importable_tests  # noqa: F401
+
+
+def encoded(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
+    b = io.BytesIO()
+    PILImage.fromarray(img).save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def test_png_frames_decode_to_their_exact_pixels_and_jpeg_to_pillows():
+    """PNG is lossless: the decoded array is the image. A JPEG gives what Pillow decodes (the
+    same library on both ends, so a test can expect it exactly); grey frames feed a 3-channel
+    input as repeated channels, colour frames a 1-channel input as Pillow's luma."""
+    img = frames(1, 5)[0]
+    got = decode_compressed(encoded(img), (H, W, 3))
+    assert got.shape == (H, W, 3) and got.dtype == np.uint8 and np.array_equal(got, img)
+    jpg = encoded(img, "JPEG", quality=90)
+    want = np.asarray(PILImage.open(io.BytesIO(jpg)).convert("RGB"))
+    assert np.array_equal(decode_compressed(jpg, (H, W, 3)), want)
+    grey = img[:, :, 0]
+    assert np.array_equal(decode_compressed(encoded(grey), (H, W, 3)), np.stack([grey] * 3, -1))
+    luma = np.asarray(PILImage.fromarray(img).convert("L"))
+    assert np.array_equal(decode_compressed(encoded(img), (H, W, 1)), luma)
+    assert not decode_compressed(encoded(img), (H, W, 3)).flags.writeable  # a view over bytes
+
+
+def test_bad_frames_are_refused_with_the_reason():
+    img = frames(1, 6)[0]
+    png = encoded(img)
+    cases = [
+        (encoded(img[:-2]), "32x22 pixels, the policy takes 32x24"),
+        (b"", "not a JPEG or PNG image"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "not a JPEG or PNG image"),
+        (encoded(img, "GIF"), "not a JPEG or PNG image"),  # a format that is not served
+        (png[: len(png) // 2], "does not decode"),  # truncated after a valid header
+    ]
+    for data, why in cases:
+        with pytest.raises(BadRequest, match=why):
+            decode_compressed(data, (H, W, 3), "camera 'top'")
+
+
+def test_a_decode_leaves_the_gil_to_other_threads():
+    """The reason a decode thread is cheap for the thread that steps: Pillow decodes without
+    the GIL, so another Python thread keeps most of its pace meanwhile (holding the GIL, the
+    decodes would stop it for as long as they run)."""
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 256, (960, 1280, 3), dtype=np.uint8)
+    jpg = encoded(big, "JPEG", quality=95)
+
+    def pace(work) -> float:
+        """Loop iterations per second of a counting thread while `work` runs here."""
+        done, counts = threading.Event(), []
+
+        def count() -> None:
+            n = 0
+            while not done.is_set():
+                n += 1
+            counts.append(n)
+
+        t = threading.Thread(target=count)
+        t0 = time.perf_counter()
+        t.start()
+        work()
+        done.set()
+        t.join()
+        return counts[0] / (time.perf_counter() - t0)
+
+    def decodes() -> None:
+        for _ in range(10):
+            decode_compressed(jpg, (960, 1280, 3))
+
+    def sleeps() -> None:
+        time.sleep(0.2)
+
+    ratio = pace(decodes) / pace(sleeps)
+    assert ratio > 0.3, ratio  # ~0.8 on the 2-core CPU machine
+
+
+def test_the_cameras_parameter_takes_compressed():
+    assert parse_cameras(["top:compressed", "wrist:bgr8"]) == {
+        "top": "compressed",
+        "wrist": "bgr8",
+    }
+    assert engine_encoding("compressed") is None and engine_encoding("bgr8") == "bgr8"
+    with pytest.raises(BadRequest):
+        parse_cameras(["top:jpeg"])
+
+
+def compressed_msg(data: bytes, fmt: str = "png"):
+    from sensor_msgs.msg import CompressedImage
+
+    m = CompressedImage(format=fmt)
+    m.data = data
+    return m
+
+
+def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
+    """top:compressed (PNG, then JPEG) and a raw bgr8 wrist: each command is the Engine's action
+    on the decoded pixels; frames of the wrong size or that are no image are refused, counted
+    and never stepped on; diagnostics say the transport and the decode time."""
+    from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+    from sensor_msgs.msg import CompressedImage, Image
+    from std_msgs.msg import UInt64MultiArray
+
+    from flashrt_ros import Engine, load_policy
+
+    proc = ros.start_node(
+        {
+            "policy": SPEC,
+            "device": "cpu",
+            "trigger": "observation",
+            "cameras": ["top:compressed", "wrist:bgr8"],
+        }
+    )
+    c = NodeClient(ros, proc)
+    n = ros.node
+    top = n.create_publisher(CompressedImage, proc.topic("camera/top/image_raw/compressed"), 10)
+    wrist = n.create_publisher(Image, proc.topic("camera/wrist/image_raw"), 10)
+    seen: list[list[int]] = [[]]
+    latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+    n.create_subscription(
+        UInt64MultiArray,
+        proc.service("camera_seen"),
+        lambda m: seen.__setitem__(0, list(m.data)),
+        latched,
+    )
+    assert ros.spin_until(
+        lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
+    )
+
+    def send(pub, msg, i: int) -> None:  # and wait for the node's acknowledgement
+        before = seen[0][i] if seen[0] else 0
+        pub.publish(msg)
+        assert ros.spin_until(lambda: seen[0] and seen[0][i] > before, 10), "not acknowledged"
+
+    eng = Engine(
+        load_policy(SPEC), device="cpu", image_encodings={"observation.images.wrist": "bgr8"}
+    )
+
+    def expect(state, t, w) -> np.ndarray:
+        return eng.step(
+            {
+                "observation.state": state.astype(np.float32),
+                "observation.images.top": t,
+                "observation.images.wrist": w,
+            }
+        )
+
+    obs = np.random.default_rng(1).uniform(-0.5, 0.5, (6, 12))
+    tops, wrists = frames(4, 11), frames(4, 12)
+    got, want = [], []
+    for k in range(2):  # PNG: the exact pixels
+        send(top, compressed_msg(encoded(tops[k])), 0)
+        send(wrist, image_msg(wrists[k], "bgr8"), 2)
+        got.append(c.step(obs[k]))
+        want.append(expect(obs[k], tops[k], wrists[k]))
+    jpg = encoded(tops[2], "JPEG", quality=85)  # JPEG: what Pillow decodes
+    send(top, compressed_msg(jpg, "rgb8; jpeg compressed bgr8"), 0)
+    send(wrist, image_msg(wrists[2], "bgr8"), 2)
+    got.append(c.step(obs[2]))
+    want.append(expect(obs[2], np.asarray(PILImage.open(io.BytesIO(jpg))), wrists[2]))
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+
+    for bad in (encoded(tops[3][:-1]), b"not an image", encoded(tops[3])[:60]):
+        send(top, compressed_msg(bad), 0)
+    np.testing.assert_array_equal(
+        c.step(obs[3]), expect(obs[3], np.asarray(PILImage.open(io.BytesIO(jpg))), wrists[2])
+    )  # the last valid frames
+    d = c.latest_diag(3.0)
+    assert d["camera.top.transport"] == "compressed" and d["camera.wrist.transport"] == "raw"
+    assert d["camera.top.received"] == "6" and d["camera.top.refused"] == "3", d
+    assert float(d["camera.top.decode_ms"]) > 0.0 and "camera.wrist.decode_ms" not in d, d
+    assert d["camera.top.encoding"] == "rgb8", d
+    assert seen[0] == [6, 3, 3, 3]
+    assert "handler raised" not in proc.log_tail(200)
+
+
+def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_after(ros):
+    """In timer mode the decode thread keeps the compressed camera's newest frame; ticks step
+    while it is newer than obs_timeout_s and hold (no command) once it stops."""
+    import time
+
+    from sensor_msgs.msg import CompressedImage, Image
+
+    proc = ros.start_node(
+        {
+            "policy": SPEC,
+            "device": "cpu",
+            "trigger": "timer",
+            "rate_hz": 20.0,
+            "obs_timeout_s": 0.3,
+            "cameras": ["top:compressed", "wrist:bgr8"],
+        }
+    )
+    c = NodeClient(ros, proc)
+    n = ros.node
+    top = n.create_publisher(CompressedImage, proc.topic("camera/top/image_raw/compressed"), 10)
+    wrist = n.create_publisher(Image, proc.topic("camera/wrist/image_raw"), 10)
+    assert ros.spin_until(
+        lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
+    )
+    frame, w = encoded(frames(1, 21)[0], "JPEG"), image_msg(frames(1, 22)[0], "bgr8")
+
+    def stream(seconds: float, top_on: bool, until=None) -> dict:
+        """Publish at ~20 Hz for `seconds`, or until a diagnostics message satisfies `until`."""
+        end, k = time.monotonic() + seconds, len(c.diagnostics)
+        while time.monotonic() < end:
+            c.publish(np.zeros(12))
+            if top_on:
+                top.publish(compressed_msg(frame, "jpeg"))
+            wrist.publish(w)
+            ros.spin_for(0.05)
+            hit = [d for d in c.diagnostics[k:] if until is not None and until(d)]
+            if hit:
+                return hit[0]
+        assert until is None, f"no such diagnostics; last: {c.diagnostics[-1:]}"
+        return {}
+
+    stream(3.0, top_on=True)
+    assert len(c.commands) >= 5 and np.isfinite(c.commands[-1]).all(), len(c.commands)
+    stream(0.6, top_on=False)  # past obs_timeout_s: the ticks hold
+    held = len(c.commands)
+    d = stream(5.0, top_on=False, until=lambda d: d["_message"].startswith("stale"))
+    assert len(c.commands) == held
+    assert d["stale_stream"] == "camera top" and int(d["camera.top.stale_steps"]) > 0, d
+    assert d["camera.top.transport"] == "compressed" and int(d["camera.top.received"]) > 5, d

@@ -65,8 +65,10 @@ def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: 
                         continue
                     if kind == "queue":
                         since = None if since is None else since + 1
-                        key = f"queue+{since}" if since is not None else "queue"
                         got[v].setdefault("queue", []).append(dt)
+                        if since is None:  # no infer tick seen yet in this round
+                            continue
+                        key = f"queue+{since}"
                     else:
                         since, key = 0, kind
                     got[v].setdefault(key, []).append(dt)

@@ -15,6 +15,7 @@ from PIL import Image as PILImage
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.obs.images import decode_compressed, engine_encoding, parse_cameras
+from flashrt_ros.runtime.inputs import immutable
 from test.node_client import NodeClient
 from test.test_node_cameras import SPEC, H, W, frames, image_msg, importable_tests  # noqa: F401
 
@@ -39,7 +40,18 @@ def test_png_frames_decode_to_their_exact_pixels_and_jpeg_to_pillows():
     assert np.array_equal(decode_compressed(encoded(grey), (H, W, 3)), np.stack([grey] * 3, -1))
     luma = np.asarray(PILImage.fromarray(img).convert("L"))
     assert np.array_equal(decode_compressed(encoded(img), (H, W, 1)), luma)
-    assert not decode_compressed(encoded(img), (H, W, 3)).flags.writeable  # a view over bytes
+    assert immutable(decode_compressed(encoded(img), (H, W, 3)))  # staging may keep it
+
+
+def bomb_header(png: bytes, w: int = 20000, h: int = 20000) -> bytes:
+    """A PNG whose header claims w x h pixels (a decompression bomb's), its CRC fixed."""
+    import struct
+    import zlib
+
+    d = bytearray(png)
+    struct.pack_into(">II", d, 16, w, h)  # IHDR's width and height
+    struct.pack_into(">I", d, 29, zlib.crc32(bytes(d[12:29])))
+    return bytes(d)
 
 
 def test_bad_frames_are_refused_with_the_reason():
@@ -51,6 +63,8 @@ def test_bad_frames_are_refused_with_the_reason():
         (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "not a JPEG or PNG image"),
         (encoded(img, "GIF"), "not a JPEG or PNG image"),  # a format that is not served
         (png[: len(png) // 2], "does not decode"),  # truncated after a valid header
+        (bomb_header(png), "far larger than the policy's 32x24"),  # refused before decoding
+        (encoded(np.full((H, W), 1000, np.uint16)), "pixel mode 'I;16' is not 8-bit"),
     ]
     for data, why in cases:
         with pytest.raises(BadRequest, match=why):

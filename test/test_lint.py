@@ -1,4 +1,4 @@
-"""The repository passes its own linter and formatter (ruff, configured in pyproject.toml), so a
+"""The repository passes its own linter and formatter (ruff, configured in ruff.toml), so a
 commit that breaks either fails `make test`, not only `make lint`."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Camera observations: one sensor_msgs/Image topic per camera, checked and staged without copies.
+"""Camera observations: one sensor_msgs/Image (or CompressedImage) topic per camera, checked and
+staged without copies.
 
 The `cameras` parameter lists the node's cameras, `name` or `name:encoding` (rgb8, bgr8, mono8;
 without one the policy's channel count decides: rgb8 for 3 channels, mono8 for 1). Each camera is
@@ -11,11 +12,17 @@ The subscriptions take the serialized message (`raw=True`) and decode it with th
 typestore that replay uses: rclpy's own conversion builds the Python message field by field,
 about 0.74 ms for a 640x480 rgb8 image on the 2-core CPU machine, on the thread that takes it and
 under the GIL, while the decoded one is a numpy view over the received bytes (51 us). A valid
-image is kept as that view, no copy; `Engine.step` then copies it once into the pinned staging
-buffer that the captured graph uploads (runtime/inputs.py InputBuffers.stage). Rows padded past
-width x channels (`step` larger than the row) are taken as a strided view: still one copy, by
-numpy. A payload that does not decode is refused like a wrong size. Where rosbags is not
-installed the subscriptions fall back to rclpy's messages.
+image is kept as that view, no copy; it is copied once into the pinned staging buffer that the
+captured graph uploads (runtime/inputs.py InputBuffers.stage): by `Engine.prestage` as it
+arrives in observation mode on CUDA, else by the step. Rows padded past width x channels (`step`
+larger than the row) are taken as a strided view: still one copy, by numpy. A payload that does
+not decode is refused like a wrong size. Where rosbags is not installed the subscriptions fall
+back to rclpy's messages.
+
+`name:compressed` subscribes `camera/<name>/image_raw/compressed` (sensor_msgs/CompressedImage)
+instead. Its frames are taken and decoded (JPEG or PNG, obs/images.py decode_compressed) by a
+thread of their own, `flashrt-decode` (DecodeLoop), which decodes only the newest of the frames
+queued at each wake-up (the older ones count as received and superseded).
 
 The checks (`image_array`, in obs/images.py) need no ROS, so the offline replay applies the very
 same ones to the images of a bag.
@@ -23,6 +30,7 @@ same ones to the images of a bag.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +40,7 @@ from functools import partial
 import numpy as np
 
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.node.inputs import InputLoop
 from flashrt_ros.node.polled import take
 from flashrt_ros.obs.images import COMPRESSED, camera_key, decode_compressed, image_array
 
@@ -76,6 +85,7 @@ class Camera:
     stale: int = 0  # steps withheld because this camera had no fresh image
     prestaged: int = 0  # images copied into the engine's staging buffer on arrival
     compressed: bool = False  # sensor_msgs/CompressedImage on .../image_raw/compressed
+    superseded: int = 0  # compressed: frames not decoded, a newer one was queued behind them
     decode_ms: float = 0.0  # compressed: the last frames' decode time (moving average)
     last_refusal: str = ""
 
@@ -177,10 +187,7 @@ class Cameras:
         the thread that steps would delay the step behind it. Pillow decodes without the GIL."""
         subs = [c.sub for c in self.cams if c.compressed]
         if subs and self._decoder is None:
-            from flashrt_ros.node.inputs import InputLoop
-
-            self._decoder = InputLoop(self._node.context, self._node.get_logger(), subs)
-            self._decoder.thread_name = "flashrt-decode"
+            self._decoder = DecodeLoop(self._node.context, self._node.get_logger(), subs)
             self._decoder.start()
 
     def stop_decoding(self) -> None:
@@ -193,18 +200,23 @@ class Cameras:
         self.stop_decoding()
         for c in self.cams:
             node.destroy_subscription(c.sub)
-        if self._seen_pub is not None:
-            node.destroy_publisher(self._seen_pub)
-        self.cams, self._seen_pub = [], None
+        with self._seen_lock:
+            pub, self._seen_pub = self._seen_pub, None
+        if pub is not None:
+            node.destroy_publisher(pub)
+        self.cams = []
 
     def clear(self) -> None:
         """Forget every image (activation: never step on one from before), and drop the queued
-        ones in polled mode."""
-        for c in self.cams:
-            c.latest = None
-            if self.polled and not c.compressed:
-                while take(c.sub) is not None:
-                    pass
+        ones in polled mode. Between two frames of the decode thread, so a frame it was
+        decoding meanwhile cannot land after this."""
+        held = self._decoder.lock if self._decoder is not None else contextlib.nullcontext()
+        with held:
+            for c in self.cams:
+                c.latest = None
+                if self.polled:
+                    while take(c.sub) is not None:
+                        pass
 
     def on_image(self, cam: Camera, msg, age: float = 0.0) -> bool:
         """Check one message; a valid one becomes the camera's newest image. False if refused."""
@@ -218,10 +230,12 @@ class Cameras:
             return self._refused(cam, e)
         return self._accepted(cam, img, age)
 
-    def on_compressed(self, cam: Camera, msg, age: float = 0.0) -> bool:
-        """A compressed camera's frame (on the decode thread): its JPEG or PNG decoded to the
-        camera's rgb8 (mono8) and checked; then as on_image. False if refused."""
-        cam.received += 1
+    def on_compressed(self, cam: Camera, msg, age: float = 0.0, superseded: int = 0) -> bool:
+        """A compressed camera's newest frame (on the decode thread), after `superseded` older
+        ones that were not decoded: its JPEG or PNG decoded to the camera's rgb8 (mono8) and
+        checked; then as on_image. False if refused."""
+        cam.received += 1 + superseded
+        cam.superseded += superseded
         what = f"camera {cam.name!r}"
         t0 = time.perf_counter()
         try:
@@ -252,7 +266,9 @@ class Cameras:
         return True
 
     def _publish_seen(self) -> None:
-        with self._seen_lock:
+        with self._seen_lock:  # the decode thread too; close() clears the publisher under it
+            if self._seen_pub is None:
+                return
             self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
             self._seen_pub.publish(self._seen)
 
@@ -292,7 +308,38 @@ class Cameras:
             kv[p + "transport"] = "compressed" if c.compressed else "raw"
             if c.compressed:
                 kv[p + "decode_ms"] = f"{c.decode_ms:.2f}"
+                kv[p + "superseded"] = str(c.superseded)
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
             kv[p + "encoding"] = c.encoding
             kv[p + "last_refusal"] = c.last_refusal
         return kv
+
+
+class DecodeLoop(InputLoop):
+    """The compressed cameras' thread: at each wake-up it takes every queued frame of each
+    camera and hands only the newest to the camera's callback, with the count of the older ones
+    (`callback(message, age_s, superseded=n)`): a decode takes milliseconds (a PNG ~6 ms), so
+    decoding a backlog would only delay the frame that matters."""
+
+    thread_name = "flashrt-decode"
+
+    def _on_ready(self, ws) -> None:
+        ready = ws.get_ready_entities("subscription")
+        if not ready:  # the stop guard, or the once-a-second look at the context
+            return
+        with self.lock:
+            for sub in self.drained:
+                if sub.handle.pointer not in ready:
+                    continue
+                newest, older = None, 0
+                while (got := self._take(sub)) is not None:
+                    older += newest is not None
+                    newest = got
+                if newest is not None:
+                    try:
+                        sub.callback(*newest, superseded=older)
+                    except Exception as e:  # one bad frame never ends the loop
+                        self.log.error(
+                            f"{sub.topic_name}: handler raised {type(e).__name__}: {e}",
+                            throttle_duration_sec=1.0,
+                        )

@@ -173,16 +173,21 @@ class FlashrtNode(LifecycleNode):
             # imported here: it loads rosbags' decoder, ~45 ms of start-up without cameras
             from flashrt_ros.node.cameras import Cameras
 
-            self._cams = Cameras(
-                self,
-                cameras,
-                engine.observation_spec(),
-                self._refuse,
-                self._polled,
-                polled=timer,
-                qos=qos_profile_sensor_data if timer else 10,
-                prestage=self._prestage,
-            )
+            try:
+                self._cams = Cameras(
+                    self,
+                    cameras,
+                    engine.observation_spec(),
+                    self._refuse,
+                    self._polled,
+                    polled=timer,
+                    qos=qos_profile_sensor_data if timer else 10,
+                    prestage=self._prestage,
+                )
+            except Exception as e:  # e.g. no decoder for compressed frames: say so, leave nothing
+                self.get_logger().error(f"configure failed: cameras: {type(e).__name__}: {e}")
+                self._release()  # the engine and publishers made so far
+                return TransitionCallbackReturn.FAILURE
         self._subs = [
             self.create_subscription(
                 Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._polled
@@ -423,9 +428,10 @@ class FlashrtNode(LifecycleNode):
         self._step(obs, t, publish_at=at, tick_start=t_in)
 
     def _prestage(self, key: str, img: np.ndarray) -> bool:
-        """Observation mode: stage a valid image as it arrives, on the thread that steps, so
-        the step on the next joint_states does not copy it (Engine.prestage; on CUDA only).
-        Anything that goes wrong here only means the step stages it itself."""
+        """Observation mode: stage a valid image as it arrives (on the inputs' thread, which
+        steps, or on the decode thread for a compressed camera; under the engine lock, so between
+        two steps), so the step on the next joint_states does not copy it (Engine.prestage; on
+        CUDA only). Anything that goes wrong here only means the step stages it itself."""
         ctl = self.control
         with ctl.lock:
             eng = ctl.engine

@@ -18,6 +18,7 @@ CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8|compressed))?"
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
 COMPRESSED = "compressed"  # a camera whose JPEG or PNG frames are decoded to rgb8 (or mono8)
 FORMATS = ("JPEG", "PNG")  # what a compressed camera's frames may be
+EIGHT_BIT = ("L", "LA", "P", "RGB", "RGBA", "CMYK", "YCbCr")  # Pillow modes of 8-bit samples
 CAMERA_TEXT = "name, name:encoding or name:compressed; a name is a letter then letters, digits "
 CAMERA_TEXT += "or _; encoding rgb8, bgr8 or mono8"
 
@@ -46,7 +47,8 @@ def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") ->
     """A JPEG or PNG frame (the bytes of a sensor_msgs/CompressedImage) as an H x W x 3 RGB
     array (H x W grey for a 1-channel `shape`), or BadRequest. The size is read from the header
     and checked before anything is decoded, so a frame of the wrong size (or a decompression
-    bomb) costs no decode. Other modes (grey, palette, RGBA, 16-bit) are converted by Pillow.
+    bomb) costs no decode. Other 8-bit modes (grey, palette, RGBA, CMYK) are converted by
+    Pillow; 16-bit and float frames (a depth camera on the wrong topic) are refused.
     The array is a view over a bytes object, so Engine staging may keep it (inputs.immutable)."""
     import io
 
@@ -55,10 +57,14 @@ def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") ->
     h, w, c = shape
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:  # a header of over ~179 M pixels: not decoded
+        raise BadRequest(f"{what}: a frame far larger than the policy's {w}x{h}") from None
     except (UnidentifiedImageError, OSError, ValueError, TypeError) as e:
         raise BadRequest(f"{what}: not a JPEG or PNG image ({type(e).__name__})") from None
     if im.size != (w, h):
         raise BadRequest(f"{what}: {im.size[0]}x{im.size[1]} pixels, the policy takes {w}x{h}")
+    if im.mode not in EIGHT_BIT:  # 16-bit or float (a depth stream?) would saturate silently
+        raise BadRequest(f"{what}: pixel mode {im.mode!r} is not 8-bit (served: {EIGHT_BIT})")
     mode = "RGB" if c == 3 else "L"
     try:
         if im.mode != mode:

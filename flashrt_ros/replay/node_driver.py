@@ -91,7 +91,14 @@ class NodeDriver:
             self.params, GetParameters.Request(names=["trigger", "joint_names", "cameras"])
         )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
-        self.cameras = [c.partition(":")[0] for c in resp.values[2].string_array_value]
+        cams = list(resp.values[2].string_array_value)
+        self.cameras = [c.partition(":")[0] for c in cams]
+        compressed = [c.partition(":")[0] for c in cams if c.endswith(":compressed")]
+        if compressed:
+            raise NodeError(
+                f"{self.node_name} takes compressed frames from cameras {compressed}; replay "
+                "sends a bag's sensor_msgs/Image frames: run the node with raw cameras"
+            )
         if trigger != "observation":
             raise NodeError(
                 f"{self.node_name} runs trigger:={trigger}; replay needs "

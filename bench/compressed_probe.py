@@ -44,32 +44,34 @@ def encode(img: np.ndarray, fmt: str, **kw) -> bytes:
     return b.getvalue()
 
 
+def thread_pace(work) -> float:
+    """Loop iterations per second of a counting Python thread while `work()` runs here."""
+    done, counts = threading.Event(), []
+
+    def count() -> None:
+        n = 0
+        while not done.is_set():
+            n += 1
+        counts.append(n)
+
+    t = threading.Thread(target=count)
+    t0 = time.perf_counter()
+    t.start()
+    work()
+    done.set()
+    t.join()
+    return counts[0] / (time.perf_counter() - t0)
+
+
 def pace_kept(data: bytes, seconds: float = 0.3) -> float:
     """A counting thread's pace while this one decodes back to back, over its pace alone."""
-
-    def run(work) -> float:
-        done, counts = threading.Event(), []
-
-        def count() -> None:
-            n = 0
-            while not done.is_set():
-                n += 1
-            counts.append(n)
-
-        t = threading.Thread(target=count)
-        t0 = time.perf_counter()
-        t.start()
-        work()
-        done.set()
-        t.join()
-        return counts[0] / (time.perf_counter() - t0)
 
     def decodes() -> None:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             decode_compressed(data, (H, W, 3))
 
-    return round(run(decodes) / run(lambda: time.sleep(seconds)), 2)
+    return round(thread_pace(decodes) / thread_pace(lambda: time.sleep(seconds)), 2)
 
 
 def cpu_model() -> str:

@@ -78,14 +78,38 @@ def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: 
     return {str(v): {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
 
 
+def timed_tick(eng: Engine, s, k: int, o, variant: str = "normal") -> list[float]:
+    """Engine._tick by hand for tick kind `k` of session `s`: the perf_counter times between
+    its phases (check, stage, replay, wait). `variant` stages as the Engine does ("normal"),
+    not at all ("no-stage") or by torch's threaded copy ("torch-stage")."""
+    import torch
+
+    t = [time.perf_counter()]
+    x = eng._obs(o)
+    t.append(time.perf_counter())
+    names = s.tick_names[k]
+    if variant == "normal":
+        for n in names:
+            s.inputs.stage(n, x[n])
+    elif variant == "torch-stage":
+        for n in names:
+            s.inputs.host[n].copy_(torch.from_numpy(x[n]).view(s.inputs.host[n].shape))
+    t.append(time.perf_counter())
+    s.plans[k].replay()
+    t.append(time.perf_counter())
+    if eng._stream is not None:
+        eng._wait()
+    t.append(time.perf_counter())
+    s.steps += 1
+    return t
+
+
 def post_infer(eng: Engine, obs: list, ticks: int, variant: str) -> dict:
     """Engine._tick's phases by hand on every tick, the queue ticks keyed by their distance
     from the last tick that staged inputs (queue+1, queue+2, queue+3 and later as queue+3).
     `variant`: "normal"; "no-stage" (ticks that read inputs skip the host copy into the pinned
     buffers: is the copy what cools the next tick?); "torch-stage" (that copy by torch, on its
     thread pool, so other cores' caches take it)."""
-    import torch
-
     s = eng.session("main")
     got: dict[str, dict[str, list[float]]] = {}
     since = None
@@ -96,23 +120,8 @@ def post_infer(eng: Engine, obs: list, ticks: int, variant: str) -> dict:
             o = obs[i % len(obs)]
             k = eng.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
             kind = eng.policy.tick_kinds[k]
-            t = [time.perf_counter()]
-            x = eng._obs(o)
-            t.append(time.perf_counter())
+            t = timed_tick(eng, s, k, o, variant)
             names = s.tick_names[k]
-            if variant == "normal":
-                for n in names:
-                    s.inputs.stage(n, x[n])
-            elif variant == "torch-stage":
-                for n in names:
-                    s.inputs.host[n].copy_(torch.from_numpy(x[n]).view(s.inputs.host[n].shape))
-            t.append(time.perf_counter())
-            s.plans[k].replay()
-            t.append(time.perf_counter())
-            if eng._stream is not None:
-                eng._wait()
-            t.append(time.perf_counter())
-            s.steps += 1
             if names:
                 since, key = 0, kind
             else:
@@ -181,18 +190,7 @@ def main() -> int:
             whole.setdefault(kind, []).append((time.perf_counter() - t0) * 1e6)
             continue
         k = eng.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
-        t = [time.perf_counter()]
-        x = eng._obs(o)
-        t.append(time.perf_counter())
-        for n in s.tick_names[k]:
-            s.inputs.stage(n, x[n])
-        t.append(time.perf_counter())
-        s.plans[k].replay()
-        t.append(time.perf_counter())
-        if eng._stream is not None:
-            eng._wait()
-        t.append(time.perf_counter())
-        s.steps += 1
+        t = timed_tick(eng, s, k, o)
         ph = phases.setdefault(kind, {})
         for name, t0, t1 in zip(("check", "stage", "replay", "wait"), t, t[1:], strict=False):
             ph.setdefault(name, []).append((t1 - t0) * 1e6)

@@ -6,18 +6,26 @@ test_node_cameras.py (builtin:act's module at 24x32, cameras top and wrist)."""
 from __future__ import annotations
 
 import io
-import threading
 import time
 
 import numpy as np
 import pytest
 from PIL import Image as PILImage
 
+from bench.compressed_probe import thread_pace
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.obs.images import decode_compressed, engine_encoding, parse_cameras
 from flashrt_ros.runtime.inputs import immutable
 from test.node_client import NodeClient
-from test.test_node_cameras import SPEC, H, W, frames, image_msg, importable_tests  # noqa: F401
+from test.test_node_cameras import (  # noqa: F401
+    SPEC,
+    H,
+    W,
+    frames,
+    image_msg,
+    importable_tests,
+    stream_until,
+)
 
 
 def encoded(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
@@ -79,24 +87,6 @@ def test_a_decode_leaves_the_gil_to_other_threads():
     big = rng.integers(0, 256, (960, 1280, 3), dtype=np.uint8)
     jpg = encoded(big, "JPEG", quality=95)
 
-    def pace(work) -> float:
-        """Loop iterations per second of a counting thread while `work` runs here."""
-        done, counts = threading.Event(), []
-
-        def count() -> None:
-            n = 0
-            while not done.is_set():
-                n += 1
-            counts.append(n)
-
-        t = threading.Thread(target=count)
-        t0 = time.perf_counter()
-        t.start()
-        work()
-        done.set()
-        t.join()
-        return counts[0] / (time.perf_counter() - t0)
-
     def decodes() -> None:
         for _ in range(10):
             decode_compressed(jpg, (960, 1280, 3))
@@ -104,7 +94,7 @@ def test_a_decode_leaves_the_gil_to_other_threads():
     def sleeps() -> None:
         time.sleep(0.2)
 
-    ratio = pace(decodes) / pace(sleeps)
+    ratio = thread_pace(decodes) / thread_pace(sleeps)
     assert ratio > 0.3, ratio  # ~0.8 on the 2-core CPU machine
 
 
@@ -210,7 +200,6 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
 def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_after(ros):
     """In timer mode the decode thread keeps the compressed camera's newest frame; ticks step
     while it is newer than obs_timeout_s and hold (no command) once it stops."""
-    import time
 
     from sensor_msgs.msg import CompressedImage, Image
 
@@ -234,19 +223,13 @@ def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_afte
     frame, w = encoded(frames(1, 21)[0], "JPEG"), image_msg(frames(1, 22)[0], "bgr8")
 
     def stream(seconds: float, top_on: bool, until=None) -> dict:
-        """Publish at ~20 Hz for `seconds`, or until a diagnostics message satisfies `until`."""
-        end, k = time.monotonic() + seconds, len(c.diagnostics)
-        while time.monotonic() < end:
+        def publish() -> None:
             c.publish(np.zeros(12))
             if top_on:
                 top.publish(compressed_msg(frame, "jpeg"))
             wrist.publish(w)
-            ros.spin_for(0.05)
-            hit = [d for d in c.diagnostics[k:] if until is not None and until(d)]
-            if hit:
-                return hit[0]
-        assert until is None, f"no such diagnostics; last: {c.diagnostics[-1:]}"
-        return {}
+
+        return stream_until(ros, c, seconds, publish, until)
 
     stream(3.0, top_on=True)
     assert len(c.commands) >= 5 and np.isfinite(c.commands[-1]).all(), len(c.commands)

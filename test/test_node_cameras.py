@@ -84,6 +84,20 @@ class Cams:
             )
 
 
+def stream_until(ros, c, seconds: float, publish, until=None) -> dict:
+    """Call `publish()` at ~20 Hz for `seconds`, or until a diagnostics message satisfies
+    `until` (returned; {} without `until`, a failure when none did)."""
+    end, n = time.monotonic() + seconds, len(c.diagnostics)
+    while time.monotonic() < end:
+        publish()
+        ros.spin_for(0.05)
+        hit = [d for d in c.diagnostics[n:] if until is not None and until(d)]
+        if hit:
+            return hit[0]
+    assert until is None, f"no such diagnostics; last: {c.diagnostics[-1:]}"
+    return {}
+
+
 def reference_engine():
     from flashrt_ros import Engine, load_policy
 
@@ -177,21 +191,15 @@ def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     state = np.zeros(12)
 
     def stream(seconds: float, wrist_on: bool, bad_top: bool = False, until=None) -> dict:
-        """Publish at ~20 Hz for `seconds`, or until a diagnostics message satisfies `until`."""
-        end, n = time.monotonic() + seconds, len(c.diagnostics)
-        while time.monotonic() < end:
+        def publish() -> None:
             c.publish(state)
             cams.send("top", image_msg(top, "rgb8"), acked=False)
             if bad_top:
                 cams.send("top", image_msg(top, "mono8"), acked=False)
             if wrist_on:
                 cams.send("wrist", image_msg(wrist, "bgr8"), acked=False)
-            ros.spin_for(0.05)
-            hit = [d for d in c.diagnostics[n:] if until is not None and until(d)]
-            if hit:
-                return hit[0]
-        assert until is None, f"no such diagnostics; last: {c.diagnostics[-1:]}"
-        return {}
+
+        return stream_until(ros, c, seconds, publish, until)
 
     # never a wrist image: no command at all, and diagnostics says which stream is stale (the
     # first messages may still name joint_states: discovery can take that long)

@@ -691,6 +691,36 @@ def camera_pair(v: int) -> list:
     return msgs
 
 
+def compressed_pair_maker(quality: int = 90):
+    """camera_pair for compressed cameras: (v) -> two sensor_msgs/CompressedImage JPEG frames of
+    a camera-like 640x480 view (the sim arm rendered, with sensor noise), whose top-left 32x32
+    pixels are flat v (top) and v + 1 (wrist): a flat block survives JPEG exactly, so the
+    probe policy still tells which frames a command used, while the rest costs a real decode."""
+    import io
+
+    import numpy as np
+    from PIL import Image as PILImage
+    from sensor_msgs.msg import CompressedImage
+
+    from flashrt_ros.sim.camera import ArmCamera
+
+    base = ArmCamera(height=480, width=640).render(np.zeros(6), np.full(6, 0.4))
+    noise = np.random.default_rng(0).integers(-6, 7, base.shape)
+    base = np.clip(base.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+    def pair(v: int) -> list:
+        msgs = []
+        for i in range(len(CAMERAS)):
+            img = base.copy()
+            img[:32, :32] = v + i
+            b = io.BytesIO()
+            PILImage.fromarray(img).save(b, "JPEG", quality=quality)
+            msgs.append(CompressedImage(format="rgb8; jpeg compressed rgb8", data=b.getvalue()))
+        return msgs
+
+    return pair
+
+
 def camera_probe_values(a) -> tuple[int, int]:
     """(top, wrist) pixel values that a probe policy's command stepped on."""
     return round(a[0] * 255), round(a[1] * 255)
@@ -744,23 +774,26 @@ def run_camera(
     `fresh` (probe only) is the same latency to the first command whose images are this
     pair's or newer on both cameras, which drops no superseded pair."""
     probe = args.camera_policy == CAMERA_PROBE
+    compressed = args.camera_compressed
+    make_pair = compressed_pair_maker() if compressed else camera_pair
+    cams = [f"{c}:compressed" for c in CAMERAS] if compressed else list(CAMERAS)
     old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
     try:
-        params = node_params(
-            args, trigger="observation", cameras=list(CAMERAS), policy=args.camera_policy
-        )
+        params = node_params(args, trigger="observation", cameras=cams, policy=args.camera_policy)
         proc, startup = start_node(ros, params, args.startup_timeout)
     finally:
         if old is None:
             os.environ.pop("PYTHONPATH")
         else:
             os.environ["PYTHONPATH"] = old
-    from sensor_msgs.msg import Image
+    from sensor_msgs.msg import CompressedImage, Image
 
     cl = Client(ros, proc)
+    kind, suffix = (CompressedImage, "/compressed") if compressed else (Image, "")
     pubs = [
-        ros.node.create_publisher(Image, proc.topic(f"camera/{c}/image_raw"), 10) for c in CAMERAS
+        ros.node.create_publisher(kind, proc.topic(f"camera/{c}/image_raw{suffix}"), 10)
+        for c in CAMERAS
     ]
     period, timeout_ns = 1.0 / CAMERA_HZ, int(timeout * 1e9)
     pairs: list[tuple] = []  # counted: (v, t_mono ns, t_wall ns, command count at publish)
@@ -771,7 +804,7 @@ def run_camera(
             cl.wait_subscribed(pub=p)
         cl.wait_subscribed()
         sp = streamer(js_rate, 900.0, proc.topic("joint_states"), reliable=True)  # stopped below
-        msgs = camera_pair(1)
+        msgs = make_pair(1)
         nxt = time.monotonic()
         first_by = nxt + 30.0  # the streamer and discovery: the first command within 30 s
         warm_left = None  # pairs still to send uncounted once commands flow
@@ -796,7 +829,7 @@ def run_camera(
                 pairs.append((v, t_mono, t_wall, m0))
             elif warm_left is not None:
                 warm_left -= 1
-            msgs = camera_pair(1 + sent % 250)  # the next pair, built off the clock
+            msgs = make_pair(1 + sent % 250)  # the next pair, built off the clock
             nxt += period
             if time.monotonic() > nxt:  # behind: do not burst, skip the lost slots
                 behind += 1
@@ -839,8 +872,9 @@ def run_camera(
         "basis": s["basis"],
         "policy": args.camera_policy,
         "match": "probe values (v, v + 1)" if probe else "first command after the pair",
-        "cameras": f"2 x 640x480 rgb8 at {CAMERA_HZ:g} Hz, joint_states at {js_rate:g} Hz, "
-        "observation trigger",
+        "cameras": f"2 x 640x480 {'JPEG (quality 90)' if compressed else 'rgb8'} at "
+        f"{CAMERA_HZ:g} Hz, joint_states at {js_rate:g} Hz, observation trigger",
+        "compressed": compressed,
         "image_rate_hz": round((len(pairs) - 1) / span, 1) if span > 0 else None,
         "pairs_behind": behind,
         "timeout_s": timeout,
@@ -1253,6 +1287,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--camera-samples", type=int, default=None, help="camera scenario (500; quick 30)"
+    )
+    ap.add_argument(
+        "--camera-compressed",
+        action="store_true",
+        help="camera scenario with compressed cameras (name:compressed): JPEG frames of a "
+        "rendered sim-arm view on camera/<name>/image_raw/compressed, decoded by the node",
     )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(

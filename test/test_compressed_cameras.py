@@ -197,11 +197,10 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     assert "handler raised" not in proc.log_tail(200)
 
 
-def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_after(ros):
-    """In timer mode the decode thread keeps the compressed camera's newest frame; ticks step
-    while it is newer than obs_timeout_s and hold (no command) once it stops."""
-
-    from sensor_msgs.msg import CompressedImage, Image
+def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_after(ros):
+    """In timer mode each compressed camera's thread keeps its newest frame; ticks step while
+    every camera is newer than obs_timeout_s and hold (no command) once one stops."""
+    from sensor_msgs.msg import CompressedImage
 
     proc = ros.start_node(
         {
@@ -210,24 +209,26 @@ def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_afte
             "trigger": "timer",
             "rate_hz": 20.0,
             "obs_timeout_s": 0.3,
-            "cameras": ["top:compressed", "wrist:bgr8"],
+            "cameras": ["top:compressed", "wrist:compressed"],
         }
     )
     c = NodeClient(ros, proc)
-    n = ros.node
-    top = n.create_publisher(CompressedImage, proc.topic("camera/top/image_raw/compressed"), 10)
-    wrist = n.create_publisher(Image, proc.topic("camera/wrist/image_raw"), 10)
-    assert ros.spin_until(
-        lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
-    )
-    frame, w = encoded(frames(1, 21)[0], "JPEG"), image_msg(frames(1, 22)[0], "bgr8")
+    pubs = {
+        cam: ros.node.create_publisher(
+            CompressedImage, proc.topic(f"camera/{cam}/image_raw/compressed"), 10
+        )
+        for cam in ("top", "wrist")
+    }
+    assert ros.spin_until(lambda: all(p.get_subscription_count() for p in pubs.values()), 20)
+    top = compressed_msg(encoded(frames(1, 21)[0], "JPEG"), "jpeg")
+    wrist = compressed_msg(encoded(frames(1, 22)[0]), "png")
 
     def stream(seconds: float, top_on: bool, until=None) -> dict:
         def publish() -> None:
             c.publish(np.zeros(12))
             if top_on:
-                top.publish(compressed_msg(frame, "jpeg"))
-            wrist.publish(w)
+                pubs["top"].publish(top)
+            pubs["wrist"].publish(wrist)
 
         return stream_until(ros, c, seconds, publish, until)
 
@@ -238,4 +239,6 @@ def test_timer_trigger_steps_while_the_compressed_camera_is_fresh_and_holds_afte
     d = stream(5.0, top_on=False, until=lambda d: d["_message"].startswith("stale"))
     assert len(c.commands) == held
     assert d["stale_stream"] == "camera top" and int(d["camera.top.stale_steps"]) > 0, d
-    assert d["camera.top.transport"] == "compressed" and int(d["camera.top.received"]) > 5, d
+    for cam in ("top", "wrist"):
+        assert d[f"camera.{cam}.transport"] == "compressed", d
+        assert int(d[f"camera.{cam}.received"]) > 5 and d[f"camera.{cam}.refused"] == "0", d

@@ -279,12 +279,21 @@ def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
 
     proc = ros.start_node({"trigger": "timer", "rate_hz": 1000.0, "busy_wait": True})
     c = NodeClient(ros, proc)
-    stream(c, 1.0, 200.0)
-    d = c.wait_diag(lambda d: int(d.get("overruns_long_tick", "0")) > 0, timeout=10.0)
-    m = re.search(
-        r"tick took (\d+) us \(inputs (\d+), lock (\d+), step (\d+), publish (\d+) us\)",
-        d.get("last_overrun", ""),
+    split = re.compile(
+        r"tick took (\d+) us \(inputs (\d+), lock (\d+), step (\d+), publish (\d+) us\)"
     )
-    assert m, d.get("last_overrun")
+    # the last overrun of a report may be a late wake-up (a loaded machine) or a tick that held
+    # on stale inputs (no step): stream until a report's last overrun is one that stepped
+    hits: list[dict] = []
+    for _ in range(15):
+        n = len(c.diagnostics)
+        stream(c, 1.0, 200.0)
+        hits = [d for d in c.diagnostics[n:] if split.search(d.get("last_overrun", ""))]
+        if hits:
+            break
+    assert hits, f"no overrun with the tick's split; last: {c.diagnostics[-1:]}"
+    d = hits[0]
+    assert int(d["overruns_long_tick"]) > 0, d
+    m = split.search(d["last_overrun"])
     took, inputs, lock, step, publish = (int(v) for v in m.groups())
     assert step > max(inputs, lock, publish) and step <= took + 1, m.group(0)

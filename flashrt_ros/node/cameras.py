@@ -142,27 +142,32 @@ class Cameras:
         self._prestage = None if polled else prestage
         self._seen_lock = threading.Lock()  # the decode thread acknowledges frames too
         self.cams: list[Camera] = []
-        if cameras and typestore is not None:
-            warm_decoder()
-        for name, enc in cameras.items():
-            s = spec[camera_key(name)]
-            cam = Camera(name, camera_key(name), tuple(s["shape"]), s["encoding"])
-            cam.compressed = enc == COMPRESSED
-            cam.sub = node.create_subscription(
-                CompressedImage if cam.compressed else Image,
-                f"camera/{name}/image_raw" + ("/compressed" if cam.compressed else ""),
-                partial(self.on_compressed if cam.compressed else self.on_image, cam),
-                qos,
-                callback_group=callback_group,
-                raw=typestore is not None,  # decoded by decode_image (the module docstring)
-            )
-            self.cams.append(cam)
-        if any(c.compressed for c in self.cams):
-            warm_compressed()
         self._decoders: list[DecodeLoop] = []  # a thread per compressed camera (start_decoding)
         self._node = node
         self.polled = polled
         self._seen_pub = None
+        # what can fail (a decoder missing) before anything is created: nothing is left behind
+        if cameras and typestore is not None:
+            warm_decoder()
+        if COMPRESSED in cameras.values():
+            warm_compressed()
+        try:
+            for name, enc in cameras.items():
+                s = spec[camera_key(name)]
+                cam = Camera(name, camera_key(name), tuple(s["shape"]), s["encoding"])
+                cam.compressed = enc == COMPRESSED
+                cam.sub = node.create_subscription(
+                    CompressedImage if cam.compressed else Image,
+                    f"camera/{name}/image_raw" + ("/compressed" if cam.compressed else ""),
+                    partial(self.on_compressed if cam.compressed else self.on_image, cam),
+                    qos,
+                    callback_group=callback_group,
+                    raw=typestore is not None,  # decoded by decode_image (the module docstring)
+                )
+                self.cams.append(cam)
+        except Exception:
+            self.close(node)  # the subscriptions made so far
+            raise
         if not polled:
             latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
             self._seen_pub = node.create_publisher(UInt64MultiArray, "~/camera_seen", latched)
@@ -251,9 +256,10 @@ class Cameras:
             img = decode_compressed(memoryview(msg.data), cam.shape, what)
         except BadRequest as e:
             return self._refused(cam, e)
-        ms = (time.perf_counter() - t0) * 1e3
+        took = time.perf_counter() - t0
+        ms = took * 1e3
         cam.decode_ms = ms if cam.decode_ms == 0.0 else 0.9 * cam.decode_ms + 0.1 * ms
-        return self._accepted(cam, img, age)
+        return self._accepted(cam, img, age + took)  # its age from reception, decode included
 
     def _refused(self, cam: Camera, e: BadRequest) -> bool:
         cam.refused += 1

@@ -18,7 +18,8 @@ CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8|compressed))?"
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
 COMPRESSED = "compressed"  # a camera whose JPEG or PNG frames are decoded to rgb8 (or mono8)
 FORMATS = ("JPEG", "PNG")  # what a compressed camera's frames may be
-EIGHT_BIT = ("L", "LA", "P", "RGB", "RGBA", "CMYK", "YCbCr")  # Pillow modes of 8-bit samples
+# Pillow modes of 8-bit (or 1-bit) samples: converted exactly; 16-bit and float ones are not
+EIGHT_BIT = ("1", "L", "LA", "P", "RGB", "RGBA", "CMYK", "YCbCr")
 CAMERA_TEXT = "name, name:encoding or name:compressed; a name is a letter then letters, digits "
 CAMERA_TEXT += "or _; encoding rgb8, bgr8 or mono8"
 

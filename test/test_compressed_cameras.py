@@ -242,3 +242,60 @@ def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_af
     for cam in ("top", "wrist"):
         assert d[f"camera.{cam}.transport"] == "compressed", d
         assert int(d[f"camera.{cam}.received"]) > 5 and d[f"camera.{cam}.refused"] == "0", d
+
+
+def test_after_reactivation_no_frame_from_before_is_stepped_on(ros):
+    """Activation forgets every camera's image, raw or compressed (and a compressed frame being
+    decoded meanwhile cannot land after it): the first joint_states after a deactivate and an
+    activate is refused as stale until both cameras send again."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+    from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+    from sensor_msgs.msg import CompressedImage, Image
+    from std_msgs.msg import UInt64MultiArray
+
+    proc = ros.start_node(
+        {
+            "policy": SPEC,
+            "device": "cpu",
+            "trigger": "observation",
+            "cameras": ["top:compressed", "wrist:bgr8"],
+        }
+    )
+    c = NodeClient(ros, proc)
+    n = ros.node
+    top = n.create_publisher(CompressedImage, proc.topic("camera/top/image_raw/compressed"), 10)
+    wrist = n.create_publisher(Image, proc.topic("camera/wrist/image_raw"), 10)
+    seen: list[list[int]] = [[]]
+    latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+    n.create_subscription(
+        UInt64MultiArray,
+        proc.service("camera_seen"),
+        lambda m: seen.__setitem__(0, list(m.data)),
+        latched,
+    )
+    assert ros.spin_until(
+        lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
+    )
+
+    def send_both() -> None:
+        before = list(seen[0]) or [0, 0, 0, 0]
+        top.publish(compressed_msg(encoded(frames(1, 31)[0])))
+        wrist.publish(image_msg(frames(1, 32)[0], "bgr8"))
+        assert ros.spin_until(
+            lambda: seen[0] and seen[0][0] > before[0] and seen[0][2] > before[2], 10
+        ), "images not acknowledged"
+
+    state = np.zeros(12)
+    send_both()
+    c.step(state)
+    change = ros.client(ChangeState, proc.service("change_state"))
+    for tid in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
+        assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
+    n_cmd = len(c.commands)
+    c.publish(state)
+    d = c.wait_diag(lambda d: "stale: camera" in d.get("last_refusal", ""), timeout=10.0)
+    assert len(c.commands) == n_cmd, "stepped on an image from before the activation"
+    assert d["camera.top.age_s"] == "none" and d["camera.wrist.age_s"] == "none", d
+    send_both()
+    c.step(state)  # fresh images: it steps again

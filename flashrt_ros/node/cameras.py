@@ -245,8 +245,9 @@ class Cameras:
     def on_compressed(self, cam: Camera, msg, age: float = 0.0, superseded: int = 0) -> bool:
         """A compressed camera's newest frame (on the decode thread), after `superseded` older
         ones that were not decoded: its JPEG or PNG decoded to the camera's rgb8 (mono8) and
-        checked; then as on_image. False if refused."""
-        cam.received += 1 + superseded
+        checked; then as on_image. False if refused. The frames are counted as received only
+        once handled, so an acknowledgement published meanwhile by another camera's thread
+        never tells a lockstep client that this one is held before it is."""
         cam.superseded += superseded
         what = f"camera {cam.name!r}"
         t0 = time.perf_counter()
@@ -255,13 +256,16 @@ class Cameras:
                 msg = decode_message(msg, COMPRESSED_TYPE, what)
             img = decode_compressed(memoryview(msg.data), cam.shape, what)
         except BadRequest as e:
-            return self._refused(cam, e)
+            return self._refused(cam, e, count=1 + superseded)
         took = time.perf_counter() - t0
         ms = took * 1e3
         cam.decode_ms = ms if cam.decode_ms == 0.0 else 0.9 * cam.decode_ms + 0.1 * ms
-        return self._accepted(cam, img, age + took)  # its age from reception, decode included
+        # its age from reception, the decode included
+        return self._accepted(cam, img, age + took, count=1 + superseded)
 
-    def _refused(self, cam: Camera, e: BadRequest) -> bool:
+    def _refused(self, cam: Camera, e: BadRequest, count: int = 0) -> bool:
+        """`count`: frames to count as received now (compressed: after the decode)."""
+        cam.received += count
         cam.refused += 1
         cam.last_refusal = str(e)
         self._refuse(str(e))
@@ -269,8 +273,10 @@ class Cameras:
             self._publish_seen()
         return False
 
-    def _accepted(self, cam: Camera, img: np.ndarray, age: float) -> bool:
+    def _accepted(self, cam: Camera, img: np.ndarray, age: float, count: int = 0) -> bool:
+        """`count`: frames to count as received now, once the image is the camera's newest."""
         cam.latest, cam.latest_t = img, time.monotonic() - age
+        cam.received += count
         cam.accepted += 1
         if self._prestage is not None and self._prestage(cam.key, img):
             cam.prestaged += 1  # copied now, not in the step (Engine.prestage)

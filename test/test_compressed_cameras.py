@@ -116,15 +116,12 @@ def compressed_msg(data: bytes, fmt: str = "png"):
     return m
 
 
-def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
-    """top:compressed (PNG, then JPEG) and a raw bgr8 wrist: each command is the Engine's action
-    on the decoded pixels; frames of the wrong size or that are no image are refused, counted
-    and never stepped on; diagnostics say the transport and the decode time."""
+def mixed_node(ros):
+    """A node in observation mode with top:compressed and a raw bgr8 wrist: (its client, the
+    top and wrist publishers, and [the latest ~/camera_seen data])."""
     from rclpy.qos import QoSDurabilityPolicy, QoSProfile
     from sensor_msgs.msg import CompressedImage, Image
     from std_msgs.msg import UInt64MultiArray
-
-    from flashrt_ros import Engine, load_policy
 
     proc = ros.start_node(
         {
@@ -149,6 +146,17 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     assert ros.spin_until(
         lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
     )
+    return c, top, wrist, seen
+
+
+def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
+    """top:compressed (PNG, then JPEG) and a raw bgr8 wrist: each command is the Engine's action
+    on the decoded pixels; frames of the wrong size or that are no image are refused, counted
+    and never stepped on; diagnostics say the transport and the decode time."""
+
+    from flashrt_ros import Engine, load_policy
+
+    c, top, wrist, seen = mixed_node(ros)
 
     def send(pub, msg, i: int) -> None:  # and wait for the node's acknowledgement
         before = seen[0][i] if seen[0] else 0
@@ -194,7 +202,7 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     assert float(d["camera.top.decode_ms"]) > 0.0 and "camera.wrist.decode_ms" not in d, d
     assert d["camera.top.encoding"] == "rgb8", d
     assert seen[0] == [6, 3, 3, 3]
-    assert "handler raised" not in proc.log_tail(200)
+    assert "handler raised" not in c.proc.log_tail(200)
 
 
 def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_after(ros):
@@ -250,33 +258,8 @@ def test_after_reactivation_no_frame_from_before_is_stepped_on(ros):
     activate is refused as stale until both cameras send again."""
     from lifecycle_msgs.msg import Transition
     from lifecycle_msgs.srv import ChangeState
-    from rclpy.qos import QoSDurabilityPolicy, QoSProfile
-    from sensor_msgs.msg import CompressedImage, Image
-    from std_msgs.msg import UInt64MultiArray
 
-    proc = ros.start_node(
-        {
-            "policy": SPEC,
-            "device": "cpu",
-            "trigger": "observation",
-            "cameras": ["top:compressed", "wrist:bgr8"],
-        }
-    )
-    c = NodeClient(ros, proc)
-    n = ros.node
-    top = n.create_publisher(CompressedImage, proc.topic("camera/top/image_raw/compressed"), 10)
-    wrist = n.create_publisher(Image, proc.topic("camera/wrist/image_raw"), 10)
-    seen: list[list[int]] = [[]]
-    latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
-    n.create_subscription(
-        UInt64MultiArray,
-        proc.service("camera_seen"),
-        lambda m: seen.__setitem__(0, list(m.data)),
-        latched,
-    )
-    assert ros.spin_until(
-        lambda: top.get_subscription_count() > 0 and wrist.get_subscription_count() > 0, 20
-    )
+    c, top, wrist, seen = mixed_node(ros)
 
     def send_both() -> None:
         before = list(seen[0]) or [0, 0, 0, 0]
@@ -289,7 +272,7 @@ def test_after_reactivation_no_frame_from_before_is_stepped_on(ros):
     state = np.zeros(12)
     send_both()
     c.step(state)
-    change = ros.client(ChangeState, proc.service("change_state"))
+    change = ros.client(ChangeState, c.proc.service("change_state"))
     for tid in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
         assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
     n_cmd = len(c.commands)

@@ -697,17 +697,11 @@ def compressed_pair_maker(quality: int = 90):
     pixels are flat v (top) and v + 1 (wrist): a flat block survives JPEG exactly, so the
     probe policy still tells which frames a command used, while the rest costs a real decode.
     Each v's pair is encoded once and kept (the scenario encodes all 250 before it starts)."""
-    import io
-
-    import numpy as np
-    from PIL import Image as PILImage
     from sensor_msgs.msg import CompressedImage
 
-    from flashrt_ros.sim.camera import ArmCamera
+    from bench.compressed_probe import encode, frame
 
-    base = ArmCamera(height=480, width=640).render(np.zeros(6), np.full(6, 0.4))
-    noise = np.random.default_rng(0).integers(-6, 7, base.shape)
-    base = np.clip(base.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+    base = frame()  # 640x480, as compressed_probe decodes it
 
     made: dict[int, list] = {}
 
@@ -718,9 +712,8 @@ def compressed_pair_maker(quality: int = 90):
         for i in range(len(CAMERAS)):
             img = base.copy()
             img[:32, :32] = v + i
-            b = io.BytesIO()
-            PILImage.fromarray(img).save(b, "JPEG", quality=quality)
-            msgs.append(CompressedImage(format="rgb8; jpeg compressed rgb8", data=b.getvalue()))
+            data = encode(img, "JPEG", quality=quality)
+            msgs.append(CompressedImage(format="rgb8; jpeg compressed rgb8", data=data))
         return msgs
 
     return pair

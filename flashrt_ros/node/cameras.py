@@ -269,8 +269,7 @@ class Cameras:
         cam.refused += 1
         cam.last_refusal = str(e)
         self._refuse(str(e))
-        if self._seen_pub is not None:
-            self._publish_seen()
+        self._publish_seen()  # observation mode: acknowledged
         return False
 
     def _accepted(self, cam: Camera, img: np.ndarray, age: float, count: int = 0) -> bool:
@@ -280,11 +279,11 @@ class Cameras:
         cam.accepted += 1
         if self._prestage is not None and self._prestage(cam.key, img):
             cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
-        if self._seen_pub is not None:
-            self._publish_seen()
+        self._publish_seen()  # observation mode: acknowledged
         return True
 
     def _publish_seen(self) -> None:
+        """Acknowledge on ~/camera_seen (observation mode; nothing in polled mode)."""
         with self._seen_lock:  # the decode thread too; close() clears the publisher under it
             if self._seen_pub is None:
                 return
@@ -337,7 +336,7 @@ class Cameras:
 class DecodeLoop(InputLoop):
     """A compressed camera's thread: at each wake-up it takes every queued frame and hands
     only the newest to the camera's callback, with the count of the older ones
-    (`callback(message, age_s, superseded=n)`): a decode takes milliseconds (a PNG ~6 ms), so
+    (`callback(message, age_s, superseded)`): a decode takes milliseconds (a PNG ~6 ms), so
     decoding a backlog would only delay the frame that matters."""
 
     thread_name = "flashrt-decode"
@@ -354,11 +353,5 @@ class DecodeLoop(InputLoop):
                 while (got := self._take(sub)) is not None:
                     older += newest is not None
                     newest = got
-                if newest is not None:
-                    try:
-                        sub.callback(*newest, superseded=older)
-                    except Exception as e:  # one bad frame never ends the loop
-                        self.log.error(
-                            f"{sub.topic_name}: handler raised {type(e).__name__}: {e}",
-                            throttle_duration_sec=1.0,
-                        )
+                if newest is not None:  # callback(message, age_s, superseded)
+                    self._call(sub, (*newest, older))

@@ -112,6 +112,23 @@ def test_help_lists_every_parameter_and_service():
         assert f"~/{snake} " in text, snake
 
 
+def test_sim_arm_help_lists_its_parameters_and_starts_no_node():
+    """`flashrt_sim_arm --help` used to start a publishing arm; it must only print its help."""
+    from flashrt_ros.sim.arm_node import SIM_PARAMS
+
+    out = subprocess.run(
+        [sys.executable, str(NODE_EXECUTABLE.with_name("flashrt_sim_arm")), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: flashrt_sim_arm")
+    for p in SIM_PARAMS:
+        assert f"  {p.name} ({p.kind}, default {p.yaml_value()}" in out.stdout, p.name
+    assert "simulated arm" not in out.stderr  # the node's start-up line: no node was made
+
+
 def test_json_param_values_roundtrip():
     """The harness writes -p values as JSON: NaN and Infinity must reach rcl as numbers."""
     from flashrt_ros.node.params import rcl_value

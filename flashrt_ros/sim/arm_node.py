@@ -178,8 +178,30 @@ class SimArmNode(Node):
         self._pub.publish(msg)
 
 
+USAGE = """usage: flashrt_sim_arm [--help] [--ros-args -p NAME:=VALUE ...]
+
+A simulated 6-joint arm for demos and tests: publishes joint_states (sensor_msgs/JointState) at
+rate_hz, follows position targets on commands (std_msgs/Float64MultiArray, one per joint), and
+with camera_names set publishes camera/<name>/image_raw (rgb8: the arm, and the goal received on
+goal once one came). Topic names are relative: namespaces and remaps apply. Ctrl-C ends it.
+
+Example, beside a flashrt node on the CPU (two shells, the same ROS_DOMAIN_ID):
+  flashrt_sim_arm --ros-args -p rate_hz:=100.0
+  flashrt_node --ros-args --params-file config/flashrt.yaml -p device:=cpu
+"""
+
+
+def usage() -> str:
+    """The --help text, with every parameter from the parameter table."""
+    return f"{USAGE}\nParameters:\n{SIM_PARAMS.help_text()}\n"
+
+
 def main(args: list[str] | None = None) -> int:
     """Entry point: spin ``flashrt_sim_arm`` until Ctrl-C or SIGTERM; exits cleanly."""
+    argv = list(sys.argv if args is None else args)
+    if any(a in ("-h", "--help") for a in argv[1:]) and "--ros-args" not in argv:
+        print(usage())
+        return 0
     try:
         rclpy.init(args=args)
     except Exception as exc:  # noqa: BLE001 - rcl rejects bad --ros-args with an RCLError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -100,6 +101,14 @@ def test_package_xml():
         "rosidl_default_runtime",
     ]:
         assert dep in deps, dep
+    # what the launch files import from ROS (not this package, not the standard library)
+    for launch_file in (REPO_ROOT / "launch").glob("*.py"):
+        tree = ast.parse(launch_file.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        for top in {m.split(".")[0] for m in imported if m} - {"flashrt_ros"}:
+            if top not in sys.stdlib_module_names:
+                assert top in deps, f"{launch_file.name} imports {top}, not in package.xml"
     assert "rosidl_default_generators" in {e.text for e in root.findall("buildtool_depend")}
     assert root.findtext("member_of_group") == "rosidl_interface_packages"
     assert "python3-pytest" in {e.text for e in root.findall("test_depend")}

@@ -80,6 +80,16 @@ def test_the_vector_form_is_refused_for_a_policy_with_images():
         e.step(np.zeros(4))
 
 
+def test_a_goal_for_a_policy_that_takes_none_is_refused_saying_so():
+    e = eng()
+    assert e.goal_dim == 0
+    before = e.state_bytes()
+    with pytest.raises(BadRequest, match="takes no goal"):
+        e.set_goal([0.1] * 6)
+    assert e.state_bytes() == before
+    e.set_goal([])  # the empty goal is this policy's goal
+
+
 def test_rollout_of_dicts_equals_stepping():
     a, b = eng(), eng()
     rows = obs_stream(7, seed=4)

@@ -174,6 +174,12 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     log = proc.log_tail(200)
     assert "refused input:" in log and log.count("refused input:") < 7  # warned, throttled
 
+    # ~/rollout carries rows of floats, no images: refused, saying why and what to do instead
+    r = c.call("rollout", n_steps=1, observations=[float(v) for v in obs[0]])
+    assert not r.success and "vector observations only" in r.message, r.message
+    assert "observation.images.top" in r.message and "Engine.rollout" in r.message, r.message
+    assert len(r.actions) == 0
+
 
 def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     proc = ros.start_node(

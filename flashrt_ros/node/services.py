@@ -306,6 +306,13 @@ class CapsuleServices:
         return resp
 
     def _check_sizes(self, eng, req) -> int:
+        images = [k for k, v in eng.observation_spec().items() if v["kind"] == "image"]
+        if images:  # Rollout.srv carries rows of floats: no image fits in it
+            raise BadRequest(
+                f"~/rollout takes vector observations only, and this policy also reads "
+                f"{', '.join(images)}; roll it out in Python (Engine.rollout with dict "
+                "observations), or branch and step the branch on live inputs"
+            )
         limit, width = int(self.ctl.cfg.max_rollout_steps), eng.obs_dim
         n, got = int(req.n_steps), len(req.observations)
         if not 0 < n <= limit:

@@ -62,15 +62,24 @@ def parse(argv):
         help="pace at X times bag time (default 0: as fast as the node answers)",
     )
     ap.add_argument("--node", default="/flashrt", help="the node's full name (default /flashrt)")
-    ap.add_argument("--joint-states-topic", default="/joint_states")
-    ap.add_argument("--goal-topic", default="/goal")
+    ap.add_argument(
+        "--joint-states-topic",
+        default="/joint_states",
+        help="where the node reads joint_states; the bag's are published there "
+        "(default /joint_states)",
+    )
+    ap.add_argument(
+        "--goal-topic", default="/goal", help="where the node reads goals (default /goal)"
+    )
     ap.add_argument(
         "--camera-prefix",
         default=None,
         help="camera topics are PREFIX/<name>/image_raw (default: the joint_states topic's "
         "namespace + /camera)",
     )
-    ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
+    ap.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for each answer (default 10)"
+    )
     ap.add_argument("--storage", choices=bags.STORAGES, help="output storage (default: IN_BAG's)")
     off = ap.add_argument_group("offline (no node, no DDS)")
     off.add_argument("--offline", action="store_true", help="step an in-process Engine instead")

@@ -554,6 +554,11 @@ class Engine:
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
         s = self.session(session)
+        if self.goal_dim == 0 and np.size(np.asarray(goal, dtype=object)) != 0:
+            raise BadRequest(
+                "goal: this policy takes no goal (goal_dim 0; a camera policy sees its target "
+                f"in its images), got {np.size(np.asarray(goal, dtype=object))} values"
+            )
         g = vector(goal, self.goal_dim, "goal", self.obs_limit)
         s.views["goal"][0].copy_(torch.from_numpy(g))
 

@@ -257,7 +257,12 @@ class CapsuleServices:
                 raise BadRequest("name a session to drop")
             self.ctl.user_session(eng, req.session)
             if req.session == self.ctl.live:
-                raise BadRequest(f"{req.session!r} is the live session; activate another first")
+                raise BadRequest(
+                    f"{req.session!r} is the live session; make another one live first: "
+                    "~/branch with activate (a session that is not live does not step, so "
+                    "checkpointing it and branching that capsule back into it with activate "
+                    "makes it live unchanged)"
+                )
             eng.drop_session(req.session)
         resp.success, resp.message = True, f"dropped session {req.session!r}"
         self.ctl.say(f"drop_session: {resp.message}")

@@ -1,0 +1,187 @@
+"""Why the node does not use rclpy's EventsExecutor (rclpy.experimental), measured.
+
+    python3 bench/events_executor_probe.py [--calls N] [--out FILE]
+
+Each server is a process of its own (this script with --serve MODE) holding one node with a
+subscription, a trivial ListCapsules service and a 10 Hz timer; every callback prints one line,
+so the parent sees what was dispatched even when the server's Python threads are stuck. Modes:
+`events-spin` (EventsExecutor.spin()), `events-once` (EventsExecutor.spin_once(0.1) in a loop)
+and `single` (SingleThreadedExecutor.spin_once(0.1) in a loop, as the bare service floor of
+ros_bench). The parent publishes 20 messages and times N service round trips from one client
+(a call unanswered within 0.5 s counts as lost; three lost in a row end the mode). A fourth
+check builds an EventsExecutor over a node with a guard condition, as the node's service host,
+rollout and flight threads use them to wake its loops.
+
+DDS stays on loopback (a fresh ROS_DOMAIN_ID, LOCALHOST discovery). Needs `make build` (the
+flashrt_ros interfaces); no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+
+MODES = ("events-spin", "events-once", "single")
+
+
+def names(mode: str) -> tuple[str, str]:
+    """The topic and service of one mode: names of their own, so that no endpoint of a killed
+    server (which DDS keeps until its lease ends) is taken for the next one."""
+    tag = mode.replace("-", "_")
+    return f"probe_in_{tag}", f"probe_list_{tag}"
+
+
+def serve(mode: str) -> int:
+    """One server node; prints `sub`, `srv` or `timer` per callback, then spins until killed."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.experimental import EventsExecutor
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.srv import ListCapsules
+
+    rclpy.init()
+    node = rclpy.create_node("events_probe_server")
+    topic, service = names(mode)
+    node.create_subscription(Float64MultiArray, topic, lambda _m: print("sub", flush=True), 10)
+
+    def handler(_req, resp):
+        print("srv", flush=True)
+        return resp
+
+    node.create_service(ListCapsules, service, handler)
+    node.create_timer(0.1, lambda: print("timer", flush=True))
+    ex = SingleThreadedExecutor() if mode == "single" else EventsExecutor()
+    ex.add_node(node)
+    print("up", flush=True)
+    if mode == "events-spin":
+        ex.spin()
+    else:
+        while True:
+            ex.spin_once(timeout_sec=0.1)
+    return 0
+
+
+def guard_condition_check() -> str:
+    """What an EventsExecutor does with a node that holds a guard condition ("ok" if it spins)."""
+    code = (
+        "import os, rclpy\n"
+        "from rclpy.experimental import EventsExecutor\n"
+        "rclpy.init(); n = rclpy.create_node('events_probe_guard')\n"
+        "n.create_guard_condition(lambda: None)\n"
+        "ex = EventsExecutor(); ex.add_node(n)\n"
+        "try:\n    ex.spin_once(timeout_sec=0.2); print('ok', flush=True)\n"
+        "except Exception as e:\n    print(f'{type(e).__name__}: {e}', flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    return lines[-1] if lines else f"no answer (exit {out.returncode})"
+
+
+def probe_mode(ros, mode: str, calls: int) -> dict:
+    """Start a server in `mode`, exercise it, kill it; what it dispatched and the round trips."""
+    import numpy as np
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.srv import ListCapsules
+
+    env = dict(os.environ, ROS_DOMAIN_ID=str(ros.domain_id), PYTHONUNBUFFERED="1")
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    p = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--serve", mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        topic, service = names(mode)
+        pub = ros.node.create_publisher(Float64MultiArray, topic, 10)
+        cli = ros.node.create_client(ListCapsules, service)
+        ros.spin_until(lambda: pub.get_subscription_count() > 0 and cli.service_is_ready(), 20)
+        ros.spin_for(0.5)  # the server's side of the match too: early samples can be lost
+        for i in range(20):
+            pub.publish(Float64MultiArray(data=[float(i)]))
+            ros.spin_for(0.005)
+        rtts, lost, run = [], 0, 0
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fut = cli.call_async(ListCapsules.Request())
+            ros.spin_until(fut.done, 0.5)
+            if fut.done():
+                rtts.append((time.perf_counter() - t0) * 1e6)
+                run = 0
+            else:
+                cli.remove_pending_request(fut)
+                lost, run = lost + 1, run + 1
+                if run == 3:
+                    break
+        ros.spin_for(0.3)
+        ros.node.destroy_publisher(pub)
+        ros.node.destroy_client(cli)
+    finally:
+        p.kill()
+        out, _ = p.communicate(timeout=10)
+    lines = out.split()
+    a = np.asarray(rtts) if rtts else None
+    return {
+        "messages_dispatched": lines.count("sub"),
+        "requests_dispatched": lines.count("srv"),
+        "timer_callbacks": lines.count("timer"),
+        "replies": len(rtts),
+        "lost_calls": lost,
+        "rtt_p50_us": round(float(np.percentile(a, 50)), 1) if a is not None else None,
+        "rtt_p99_us": round(float(np.percentile(a, 99)), 1) if a is not None else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=400, help="service calls per mode (400)")
+    ap.add_argument("--out", type=Path, help="write the result as JSON here too")
+    ap.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        return serve(args.serve)
+    if args.calls < 1:
+        ap.error("--calls must be at least 1")
+    import importlib.metadata
+
+    from test.ros_helpers import ros_harness
+
+    result = {
+        "rclpy": importlib.metadata.version("rclpy"),
+        "rmw": os.environ.get("RMW_IMPLEMENTATION", ""),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "calls": args.calls,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": " ".join(["python3", "bench/events_executor_probe.py", *(argv or sys.argv[1:])]),
+    }
+    with ros_harness(Path("/tmp") / f"events_probe_{os.getpid()}") as ros:
+        for mode in MODES:
+            result[mode] = probe_mode(ros, mode, args.calls)
+            print(f"{mode}: {result[mode]}", flush=True)
+    result["guard_condition"] = guard_condition_check()
+    print(f"guard condition: {result['guard_condition']}", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,8 @@ and `single` (SingleThreadedExecutor.spin_once(0.1) in a loop, as the bare servi
 ros_bench). The parent publishes 20 messages and times N service round trips from one client
 (a call unanswered within 0.5 s counts as lost; three lost in a row end the mode). A fourth
 check builds an EventsExecutor over a node with a guard condition, as the node's service host,
-rollout and flight threads use them to wake its loops.
+rollout and flight threads use them to wake its loops; the last two create a timer from the main
+thread while spin() (or a spin_once loop) runs on another.
 
 DDS stays on loopback (a fresh ROS_DOMAIN_ID, LOCALHOST discovery). Needs `make build` (the
 flashrt_ros interfaces); no GPU.
@@ -89,6 +90,28 @@ def guard_condition_check() -> str:
     )
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
     return lines[-1] if lines else f"no answer (exit {out.returncode})"
+
+
+def add_while_spinning(spin: str) -> str:
+    """Create a timer from the main thread while `spin` ("spin" or a spin_once loop) runs the
+    EventsExecutor on another thread, as a node creating an entity after start-up does."""
+    code = (
+        "import os, threading, time, rclpy\n"
+        "from rclpy.experimental import EventsExecutor\n"
+        "rclpy.init(); n = rclpy.create_node('events_probe_add')\n"
+        "ex = EventsExecutor(); ex.add_node(n)\n"
+        "def loop():\n    while True: ex.spin_once(timeout_sec=0.1)\n"
+        f"threading.Thread(target={'ex.spin' if spin == 'spin' else 'loop'}, daemon=True).start()\n"
+        "time.sleep(0.5); n.create_timer(0.1, lambda: None)\n"
+        "print('created', flush=True); os._exit(0)\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=15, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return "create_timer never returned (15 s)"
+    return out.stdout.strip() or f"no answer (exit {out.returncode})"
 
 
 def probe_mode(ros, mode: str, calls: int) -> dict:
@@ -176,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             result[mode] = probe_mode(ros, mode, args.calls)
             print(f"{mode}: {result[mode]}", flush=True)
-    result["guard_condition"] = guard_condition_check()
-    print(f"guard condition: {result['guard_condition']}", flush=True)
+        # in the harness: its fresh ROS_DOMAIN_ID is in os.environ, which these inherit
+        result["guard_condition"] = guard_condition_check()
+        print(f"guard condition: {result['guard_condition']}", flush=True)
+        for how in ("spin", "spin_once"):
+            result[f"create_timer_while_{how}"] = add_while_spinning(how)
+            print(f"create_timer while {how}(): {result[f'create_timer_while_{how}']}", flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

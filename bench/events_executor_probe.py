@@ -35,14 +35,14 @@ os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 MODES = ("events-spin", "events-once", "single")
 
 
-def names(mode: str) -> tuple[str, str]:
-    """The topic and service of one mode: names of their own, so that no endpoint of a killed
-    server (which DDS keeps until its lease ends) is taken for the next one."""
-    tag = mode.replace("-", "_")
+def names(mode: str, run: str) -> tuple[str, str]:
+    """The topic and service of one mode in one run: names of their own, so that no endpoint
+    of a killed server (which DDS keeps until its lease ends) is taken for this one."""
+    tag = f"{mode.replace('-', '_')}_{run}"
     return f"probe_in_{tag}", f"probe_list_{tag}"
 
 
-def serve(mode: str) -> int:
+def serve(mode: str, run: str) -> int:
     """One server node; prints `sub`, `srv` or `timer` per callback, then spins until killed."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
@@ -53,7 +53,7 @@ def serve(mode: str) -> int:
 
     rclpy.init()
     node = rclpy.create_node("events_probe_server")
-    topic, service = names(mode)
+    topic, service = names(mode, run)
     node.create_subscription(Float64MultiArray, topic, lambda _m: print("sub", flush=True), 10)
 
     def handler(_req, resp):
@@ -124,7 +124,7 @@ def probe_mode(ros, mode: str, calls: int) -> dict:
     env = dict(os.environ, ROS_DOMAIN_ID=str(ros.domain_id), PYTHONUNBUFFERED="1")
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     p = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--serve", mode],
+        [sys.executable, str(Path(__file__).resolve()), "--serve", mode, "--run", str(os.getpid())],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
@@ -132,7 +132,7 @@ def probe_mode(ros, mode: str, calls: int) -> dict:
         env=env,
     )
     try:
-        topic, service = names(mode)
+        topic, service = names(mode, str(os.getpid()))
         pub = ros.node.create_publisher(Float64MultiArray, topic, 10)
         cli = ros.node.create_client(ListCapsules, service)
         ros.spin_until(lambda: pub.get_subscription_count() > 0 and cli.service_is_ready(), 20)
@@ -177,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=400, help="service calls per mode (400)")
     ap.add_argument("--out", type=Path, help="write the result as JSON here too")
     ap.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--run", default="0", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
-        return serve(args.serve)
+        return serve(args.serve, args.run)
     if args.calls < 1:
         ap.error("--calls must be at least 1")
     import importlib.metadata

@@ -212,7 +212,8 @@ class Story:
             }
         )
         self.say(
-            f"rollout {session} (goal {goal_name}): {n_steps} steps in {len(rtts)} calls, "
+            f"rollout {session} (goal {goal_name}, started at t={t:.2f} s as in the summary): "
+            f"{n_steps} steps in {len(rtts)} calls, "
             f"{res['total_ms']:.0f} ms total, p50 {res['rtt_p50_ms']:.2f} ms/call; predicted "
             f"final target {np.round(final_target, 2).tolist()}, predicted distance to "
             f"{goal_name} {res['start_error_to_goal']:.2f} -> "

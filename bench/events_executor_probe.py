@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
-MODES = ("events-spin", "events-once", "single")
+# events-spin last: its server ignores signals and is killed, which leaves Fast DDS shared-memory
+# ports behind that a later process may fail to open (it then receives nothing)
+MODES = ("single", "events-once", "events-spin")
 
 
 def names(mode: str, run: str) -> tuple[str, str]:
@@ -45,7 +48,7 @@ def names(mode: str, run: str) -> tuple[str, str]:
 def serve(mode: str, run: str) -> int:
     """One server node; prints `sub`, `srv` or `timer` per callback, then spins until killed."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.experimental import EventsExecutor
     from std_msgs.msg import Float64MultiArray
 
@@ -65,11 +68,17 @@ def serve(mode: str, run: str) -> int:
     ex = SingleThreadedExecutor() if mode == "single" else EventsExecutor()
     ex.add_node(node)
     print("up", flush=True)
-    if mode == "events-spin":
-        ex.spin()
-    else:
-        while True:
-            ex.spin_once(timeout_sec=0.1)
+    try:
+        if mode == "events-spin":
+            ex.spin()
+        else:
+            while rclpy.ok():
+                ex.spin_once(timeout_sec=0.1)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
     return 0
 
 
@@ -157,8 +166,12 @@ def probe_mode(ros, mode: str, calls: int) -> dict:
         ros.node.destroy_publisher(pub)
         ros.node.destroy_client(cli)
     finally:
-        p.kill()
-        out, _ = p.communicate(timeout=10)
+        p.send_signal(signal.SIGINT)  # a clean exit frees its shared-memory ports
+        try:
+            out, _ = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate(timeout=10)
     lines = out.split()
     a = np.asarray(rtts) if rtts else None
     return {

@@ -86,7 +86,12 @@ def test_a_goal_for_a_policy_that_takes_none_is_refused_saying_so():
     before = e.state_bytes()
     with pytest.raises(BadRequest, match="takes no goal"):
         e.set_goal([0.1] * 6)
-    assert e.state_bytes() == before
+    with pytest.raises(BadRequest, match="not a number|must be numbers"):
+        e.set_goal("abc")  # not a goal at all: that is said first
+    cap = e.checkpoint().id
+    with pytest.raises(BadRequest, match="takes no goal"):
+        e.branch(cap, "alt", goal=np.ones(6))
+    assert "alt" not in e.sessions() and e.state_bytes() == before
     e.set_goal([])  # the empty goal is this policy's goal
 
 

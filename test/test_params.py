@@ -112,12 +112,15 @@ def test_help_lists_every_parameter_and_service():
         assert f"~/{snake} " in text, snake
 
 
-def test_sim_arm_help_lists_its_parameters_and_starts_no_node():
-    """`flashrt_sim_arm --help` used to start a publishing arm; it must only print its help."""
+@pytest.mark.parametrize("extra", [[], ["--ros-args", "-p", "rate_hz:=100.0"]])
+def test_sim_arm_help_lists_its_parameters_and_starts_no_node(extra):
+    """`flashrt_sim_arm --help` used to start a publishing arm; it must only print its help,
+    also when ROS arguments follow."""
+    require_rclpy()
     from flashrt_ros.sim.arm_node import SIM_PARAMS
 
     out = subprocess.run(
-        [sys.executable, str(NODE_EXECUTABLE.with_name("flashrt_sim_arm")), "--help"],
+        [sys.executable, str(NODE_EXECUTABLE.with_name("flashrt_sim_arm")), "--help", *extra],
         capture_output=True,
         text=True,
         timeout=60,
@@ -127,6 +130,14 @@ def test_sim_arm_help_lists_its_parameters_and_starts_no_node():
     for p in SIM_PARAMS:
         assert f"  {p.name} ({p.kind}, default {p.yaml_value()}" in out.stdout, p.name
     assert "simulated arm" not in out.stderr  # the node's start-up line: no node was made
+
+
+def test_help_is_asked_before_ros_args_only():
+    from flashrt_ros.node.params import wants_help
+
+    assert wants_help(["x", "--help"]) and wants_help(["x", "-h", "--ros-args", "-p", "a:=1"])
+    assert not wants_help(["x", "--ros-args", "-r", "__node:=help"])
+    assert not wants_help(["x"]) and not wants_help(["x", "--ros-args", "--help"])
 
 
 def test_json_param_values_roundtrip():

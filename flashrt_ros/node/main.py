@@ -90,7 +90,9 @@ def process_age_s() -> float:
 
 def main(args: Sequence[str] | None = None) -> int:
     argv = list(sys.argv if args is None else args)
-    if any(a in ("-h", "--help") for a in argv[1:]) and "--ros-args" not in argv:
+    from flashrt_ros.node.params import wants_help
+
+    if wants_help(argv):
         print(usage())
         return 0
     t_start = time.monotonic() - process_age_s()

@@ -459,6 +459,13 @@ def _overrides(node) -> dict[str, Any]:
     return {n: q.value for n, q in getattr(node, "_parameter_overrides", {}).items()}
 
 
+def wants_help(argv: Sequence[str]) -> bool:
+    """-h or --help among the program's own arguments: those before --ros-args (after it, rcl's
+    own rules apply), so `--help --ros-args -p ...` prints the help too, and starts nothing."""
+    own = argv[1 : argv.index("--ros-args")] if "--ros-args" in argv else argv[1:]
+    return any(a in ("-h", "--help") for a in own)
+
+
 def cli_overrides(argv: Sequence[str], node_name: str) -> dict[str, tuple[str, Any]]:
     """`-p [node:]name:=value` rules of the --ros-args sections that apply to `node_name` and
     come after the last --params-file (rcl applies both in order): name -> (text, value)."""

@@ -554,13 +554,18 @@ class Engine:
     def set_goal(self, goal, session: str = "main") -> None:
         """Swap the goal buffer (this call is a commit boundary: the next step sees it)."""
         s = self.session(session)
-        if self.goal_dim == 0 and np.size(np.asarray(goal, dtype=object)) != 0:
+        g = self._goal(numeric(goal, "goal"))
+        s.views["goal"][0].copy_(torch.from_numpy(g))
+
+    def _goal(self, a: np.ndarray) -> np.ndarray:
+        """The goal buffer's new value from checked numbers; BadRequest saying so when the
+        policy takes no goal at all, rather than asking for shape (0,)."""
+        if self.goal_dim == 0 and a.size:
             raise BadRequest(
                 "goal: this policy takes no goal (goal_dim 0; a camera policy sees its target "
-                f"in its images), got {np.size(np.asarray(goal, dtype=object))} values"
+                f"in its images), got {a.size} values"
             )
-        g = vector(goal, self.goal_dim, "goal", self.obs_limit)
-        s.views["goal"][0].copy_(torch.from_numpy(g))
+        return vector(a, self.goal_dim, "goal", self.obs_limit)
 
     def get_goal(self, session: str = "main") -> np.ndarray:
         return self.session(session).views["goal"][0].cpu().numpy().astype(np.float64)
@@ -660,7 +665,7 @@ class Engine:
         if goal is not None:
             a = numeric(goal, "goal")
             if not (a.ndim == 1 and a.size == 0):  # an empty goal means "keep the capsule's"
-                g = vector(a, self.goal_dim, "goal", self.obs_limit)
+                g = self._goal(a)
         self._room_for(session)
         s = self._sessions.get(session) or self._new_session(session)
         self._copy_in(cap, s, verify=False)

@@ -26,7 +26,7 @@ from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray
 
-from flashrt_ros.node.params import DEFAULT_JOINTS, Param, ParamTable
+from flashrt_ros.node.params import DEFAULT_JOINTS, Param, ParamTable, wants_help
 from flashrt_ros.sim.camera import ArmCamera
 from flashrt_ros.sim.dynamics import ArmModel
 
@@ -199,7 +199,7 @@ def usage() -> str:
 def main(args: list[str] | None = None) -> int:
     """Entry point: spin ``flashrt_sim_arm`` until Ctrl-C or SIGTERM; exits cleanly."""
     argv = list(sys.argv if args is None else args)
-    if any(a in ("-h", "--help") for a in argv[1:]) and "--ros-args" not in argv:
+    if wants_help(argv):
         print(usage())
         return 0
     try:

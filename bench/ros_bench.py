@@ -1347,6 +1347,7 @@ def main() -> int:
     rows, svc, obs, errors = [], None, None, []
     starts: dict = {}
     floors: dict = {}
+    retried: list[str] = []  # floors that failed once and then ran (their first error)
 
     def attempt(what: str, fn, *a):
         """Run one scenario in a fresh domain; a failure is logged and kept, the rest go on."""
@@ -1423,8 +1424,10 @@ def main() -> int:
                 continue
             r = attempt(f"floor {key}", fn, *a)
             if r is None:  # once more, a new process in a new domain: a floor is a baseline
-                # (one ListCapsules floor after an --only services node never answered: 8733ea2)
+                # (one ListCapsules floor after an --only services node never answered: 0809464)
+                first = errors.pop()
                 r = attempt(f"floor {key} (retried)", fn, *a)
+                (retried if r is not None else errors).append(first)
             if r is not None:
                 floors[key] = r
 
@@ -1461,6 +1464,7 @@ def main() -> int:
         "realtime_priority": args.realtime_priority,
         "quick": q,
         "errors": errors,
+        "floors_retried": retried,
         "torch": torch.__version__,
         "host": platform.node(),
         "cpus": os.cpu_count(),

@@ -259,9 +259,9 @@ class CapsuleServices:
             if req.session == self.ctl.live:
                 raise BadRequest(
                     f"{req.session!r} is the live session; make another one live first: "
-                    "~/branch with activate (a session that is not live does not step, so "
-                    "checkpointing it and branching that capsule back into it with activate "
-                    "makes it live unchanged)"
+                    "~/branch with activate (a session that is not live does not step, so a "
+                    "pinned checkpoint of it, branched back into it with activate, makes it "
+                    "live unchanged)"
                 )
             eng.drop_session(req.session)
         resp.success, resp.message = True, f"dropped session {req.session!r}"
@@ -316,7 +316,7 @@ class CapsuleServices:
             raise BadRequest(
                 f"~/rollout takes vector observations only, and this policy also reads "
                 f"{', '.join(images)}; roll it out in Python (Engine.rollout with dict "
-                "observations), or branch and step the branch on live inputs"
+                "observations)"
             )
         limit, width = int(self.ctl.cfg.max_rollout_steps), eng.obs_dim
         n, got = int(req.n_steps), len(req.observations)

@@ -26,6 +26,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,16 +112,20 @@ def add_while_spinning(spin: str) -> str:
         "ex = EventsExecutor(); ex.add_node(n)\n"
         "def loop():\n    while True: ex.spin_once(timeout_sec=0.1)\n"
         f"threading.Thread(target={'ex.spin' if spin == 'spin' else 'loop'}, daemon=True).start()\n"
-        "time.sleep(0.5); n.create_timer(0.1, lambda: None)\n"
+        "time.sleep(0.5); print('creating', flush=True)\n"
+        "n.create_timer(0.1, lambda: None)\n"
         "print('created', flush=True); os._exit(0)\n"
     )
     try:
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=15, check=False
         )
-    except subprocess.TimeoutExpired:
-        return "create_timer never returned (15 s)"
-    return out.stdout.strip() or f"no answer (exit {out.returncode})"
+    except subprocess.TimeoutExpired as e:  # what it printed tells where the main thread stopped
+        said = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        if "creating" in said:
+            return "create_timer never returned (15 s; the main thread had run on to call it)"
+        return "the main thread never woke from a 0.5 s sleep (15 s)"
+    return out.stdout.split()[-1] if out.stdout.split() else f"no answer (exit {out.returncode})"
 
 
 def probe_mode(ros, mode: str, calls: int) -> dict:
@@ -132,19 +137,23 @@ def probe_mode(ros, mode: str, calls: int) -> dict:
 
     env = dict(os.environ, ROS_DOMAIN_ID=str(ros.domain_id), PYTHONUNBUFFERED="1")
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # never a full pipe
     p = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--serve", mode, "--run", str(os.getpid())],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stdout=out_f,
+        stderr=err_f,
         stdin=subprocess.DEVNULL,
         text=True,
         env=env,
     )
+    killed, ready = False, False
     try:
         topic, service = names(mode, str(os.getpid()))
         pub = ros.node.create_publisher(Float64MultiArray, topic, 10)
         cli = ros.node.create_client(ListCapsules, service)
-        ros.spin_until(lambda: pub.get_subscription_count() > 0 and cli.service_is_ready(), 20)
+        ready = ros.spin_until(
+            lambda: pub.get_subscription_count() > 0 and cli.service_is_ready(), 20
+        )
         ros.spin_for(0.5)  # the server's side of the match too: early samples can be lost
         for i in range(20):
             pub.publish(Float64MultiArray(data=[float(i)]))
@@ -168,13 +177,22 @@ def probe_mode(ros, mode: str, calls: int) -> dict:
     finally:
         p.send_signal(signal.SIGINT)  # a clean exit frees its shared-memory ports
         try:
-            out, _ = p.communicate(timeout=5)
+            p.wait(timeout=5)
         except subprocess.TimeoutExpired:
             p.kill()
-            out, _ = p.communicate(timeout=10)
-    lines = out.split()
+            p.wait(timeout=10)
+            killed = True
+    out_f.seek(0)
+    err_f.seek(0)
+    lines, err = out_f.read().split(), err_f.read()
     a = np.asarray(rtts) if rtts else None
     return {
+        # the server came up and was found: zero dispatches are then the executor's
+        "server_up": "up" in lines,
+        "endpoints_matched": bool(ready),
+        "server_exit": p.returncode,
+        "killed_after_sigint": killed,
+        "server_error": err.strip()[-300:] if "Traceback" in err else "",
         "messages_dispatched": lines.count("sub"),
         "requests_dispatched": lines.count("srv"),
         "timer_callbacks": lines.count("timer"),

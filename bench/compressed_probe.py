@@ -1,7 +1,8 @@
 """What a compressed camera costs: decode_compressed (the node's decode of one
 sensor_msgs/CompressedImage frame) on this machine's CPU, for a 640x480 frame as JPEG (quality
-75 and 90) and PNG, and how much of its pace a Python thread keeps meanwhile (the GIL is free
-during the decode). No ROS, no GPU.
+75 and 90) and PNG, how much of its pace a Python thread keeps meanwhile (the GIL is free
+during the decode), how long Pillow's hand-over of the pixels (tobytes) takes with the GIL held,
+and the gaps another thread sees in its hold of the GIL while frames decode. No ROS, no GPU.
 
     python3 bench/compressed_probe.py [--n 200] [--out FILE]
 """
@@ -74,6 +75,61 @@ def pace_kept(data: bytes, seconds: float = 0.3) -> float:
     return round(thread_pace(decodes) / thread_pace(lambda: time.sleep(seconds)), 2)
 
 
+def tobytes_us(data: bytes, n: int) -> float:
+    """p50 of Pillow's hand-over of a decoded frame's pixels (Image.tobytes, as
+    decode_compressed does after the decode), which holds the GIL."""
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        im.tobytes()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return round(float(np.percentile(ts, 50)), 1)
+
+
+def gil_gaps_us(data: bytes, seconds: float = 1.0) -> dict:
+    """How long another Python thread is kept off the GIL: a thread that does nothing but read
+    the clock records every gap over 20 us between two reads while this one decodes, 1 ms apart
+    (the waits a stepping thread would see; switch interval 0.5 ms, as the node sets it)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def clock() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            now = time.perf_counter()
+            if now - last > 20e-6:
+                gaps.append((now - last) * 1e6)
+            last = now
+
+    t = threading.Thread(target=clock)
+    t.start()
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        decode_compressed(data, (H, W, 3))
+        n += 1
+        time.sleep(0.001)
+    done.set()
+    t.join()
+    sys.setswitchinterval(old)
+    g = np.asarray(gaps) if gaps else np.zeros(1)
+    return {
+        "decodes": n,
+        "gaps_per_decode": round(len(gaps) / max(n, 1), 1),
+        "gap_p50_us": round(float(np.percentile(g, 50)), 1),
+        "gap_p90_us": round(float(np.percentile(g, 90)), 1),
+        "gap_max_us": round(float(g.max()), 1),
+    }
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -108,6 +164,8 @@ def main() -> int:
             "decode_p50_ms": round(float(np.percentile(ts, 50)), 3),
             "decode_p99_ms": round(float(np.percentile(ts, 99)), 3),
             "other_thread_pace_kept": pace_kept(data),
+            "tobytes_p50_us": tobytes_us(data, a.n),
+            "other_thread_gil_gaps": gil_gaps_us(data),
         }
     report(out, a.out)
     return 0

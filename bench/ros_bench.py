@@ -1327,7 +1327,13 @@ def main() -> int:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
 
-    from test.ros_helpers import HAVE_RCLPY, NODE_EXECUTABLE, RCLPY_IMPORT_ERROR, ros_harness
+    from test.ros_helpers import (
+        HAVE_RCLPY,
+        NODE_EXECUTABLE,
+        RCLPY_IMPORT_ERROR,
+        clean_stale_fastdds_shm,
+        ros_harness,
+    )
 
     if not HAVE_RCLPY:
         log(f"FAILED: {RCLPY_IMPORT_ERROR}")
@@ -1350,7 +1356,12 @@ def main() -> int:
     retried: list[str] = []  # floors that failed once and then ran (their first error)
 
     def attempt(what: str, fn, *a):
-        """Run one scenario in a fresh domain; a failure is logged and kept, the rest go on."""
+        """Run one scenario in a fresh domain; a failure is logged and kept, the rest go on.
+        First the shared-memory files of processes killed before it go (a new process given
+        one of their ports would receive nothing)."""
+        stale = clean_stale_fastdds_shm()
+        if stale:
+            log(f"removed the Fast DDS shared-memory files of {len(stale)} ended processes")
         with ros_harness(log_dir) as ros:
             try:
                 return fn(ros, *a)

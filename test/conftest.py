@@ -35,6 +35,9 @@ from test.ros_helpers import (
 
 
 def pytest_configure(config):
+    # Fast DDS files left by ROS processes killed in earlier runs: a new process may be given
+    # one of their ports and then receive nothing (ros_helpers.clean_stale_fastdds_shm)
+    ros_helpers.clean_stale_fastdds_shm()
     # rclpy -> rosidl_parser -> lark-parser 0.12 imports the deprecated sre_* modules
     config.addinivalue_line("filterwarnings", "ignore:module 'sre_:DeprecationWarning")
     config.addinivalue_line(

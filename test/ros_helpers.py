@@ -242,6 +242,39 @@ def spin_for(node, seconds: float) -> None:
         executor.shutdown(timeout_sec=0)
 
 
+def clean_stale_fastdds_shm(folder: Path | str = "/dev/shm") -> list[str]:
+    """Remove the shared-memory files of Fast DDS processes that are gone; returns their names.
+
+    A live participant holds an flock on each `<name>_el` file next to its segments and ports,
+    and removes all of them when it exits normally; a process that was SIGKILLed (a test's or
+    a benchmark's last resort) leaves them behind, and a later process that gets the same port
+    can fail to open it ("open_and_lock_file failed") and then receive nothing. Only a name
+    whose `_el` lock nobody holds is removed, with its `sem.<name>_mutex`; anything without an
+    `_el` file is left alone, as is everything of a live process, ours or anyone's."""
+    import fcntl
+
+    removed = []
+    for el in sorted(Path(folder).glob("fastdds_*_el")):
+        try:
+            fd = os.open(el, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: its owner is gone
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            base = el.name[: -len("_el")]
+            for f in (el.with_name(base), el.with_name(f"sem.{base}_mutex"), el):
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
+            removed.append(base)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def spin_until(node, predicate, timeout: float = 10.0) -> bool:
     """Spin `node` until predicate() is true; returns its last value."""
     executor = SingleThreadedExecutor(context=node.context)

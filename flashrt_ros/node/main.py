@@ -6,6 +6,7 @@ accepts) or a failed autostart configure.
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import time
@@ -175,6 +176,13 @@ def main(args: Sequence[str] | None = None) -> int:
             node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
+        # configure froze every object it had made (gc.freeze, flashrt_node.py): what of rclpy
+        # sits in reference cycles among them would never be collected, and the DDS
+        # participant never destroyed, leaving its shared-memory files in /dev/shm (a later
+        # process given one of those ports receives nothing). Collect, then destroy it.
+        gc.unfreeze()
+        gc.collect()
+        rclpy.get_default_context().destroy()
         # Python resets its handlers to the default (die by SIGINT) while it finalizes, which
         # takes a while with DDS and torch threads about; an ignored signal stays ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -148,9 +148,9 @@ class FlashrtNode(LifecycleNode):
                 compile_cache_dir=cfg.compile_cache_dir or None,
                 fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
                 image_encodings={  # a compressed camera is decoded to the policy's default
-                    IMAGE_PREFIX + name: engine_encoding(enc)
+                    IMAGE_PREFIX + name: e
                     for name, enc in cameras.items()
-                    if engine_encoding(enc) is not None
+                    if (e := engine_encoding(enc)) is not None
                 },
             )
         except (ValueError, RuntimeError, OSError) as e:

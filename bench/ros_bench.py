@@ -747,9 +747,20 @@ def camera_match(
 
 
 def run_camera(
-    ros, args, n: int, warm: int = 20, timeout: float = 1.0, js_rate: float = CAMERA_JS_HZ
+    ros,
+    args,
+    n: int,
+    warm: int = 20,
+    timeout: float = 1.0,
+    js_rate: float = CAMERA_JS_HZ,
+    step_on: str = "joint_states",
 ) -> dict:
     """Observation trigger with two 640x480 rgb8 cameras (top, wrist) as a robot streams them.
+
+    `step_on` "joint_states" (the node's default): each joint_states steps, as below. "cameras":
+    the node's step_on is [top, wrist], so a step comes as soon as both cameras have a new
+    image, on the newest joint_states (a policy paced by its cameras): the latency then holds
+    no wait for the next joint_states.
 
     A helper process (streamer(), as the timer runs, but reliable QoS as the observation
     trigger's subscription) publishes joint_states at `js_rate` (500 Hz) for the whole
@@ -782,7 +793,13 @@ def run_camera(
     old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
     try:
-        params = node_params(args, trigger="observation", cameras=cams, policy=args.camera_policy)
+        params = node_params(
+            args,
+            trigger="observation",
+            cameras=cams,
+            policy=args.camera_policy,
+            step_on=list(CAMERAS) if step_on == "cameras" else ["joint_states"],
+        )
         proc, startup = start_node(ros, params, args.startup_timeout)
     finally:
         if old is None:
@@ -876,6 +893,7 @@ def run_camera(
         "match": "probe values (v, v + 1)" if probe else "first command after the pair",
         "cameras": f"2 x 640x480 {'JPEG (quality 90)' if compressed else 'rgb8'} at "
         f"{CAMERA_HZ:g} Hz, joint_states at {js_rate:g} Hz, observation trigger",
+        "step_on": list(CAMERAS) if step_on == "cameras" else ["joint_states"],
         "compressed": compressed,
         "image_rate_hz": round((len(pairs) - 1) / span, 1) if span > 0 else None,
         "pairs_behind": behind,
@@ -892,8 +910,8 @@ def run_camera(
         },
     }
     log(
-        f"cameras ({s['samples']} pairs, {out['missed']} missed ({out['missed_superseded']} "
-        f"superseded), images at "
+        f"cameras, step_on {step_on} ({s['samples']} pairs, {out['missed']} missed "
+        f"({out['missed_superseded']} superseded), images at "
         f"{out['image_rate_hz']} Hz, joint_states at {js_rate:g} Hz): camera->action p50/p99 "
         f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}); "
         f"in the client callback {out['cb_p50_us']}/{out['cb_p99_us']} us; node step p50 "
@@ -1296,6 +1314,14 @@ def main() -> int:
         help="camera scenario with compressed cameras (name:compressed): JPEG frames of a "
         "rendered sim-arm view on camera/<name>/image_raw/compressed, decoded by the node",
     )
+    ap.add_argument(
+        "--camera-step-on",
+        choices=("joint_states", "cameras", "both"),
+        default="both",
+        help="the camera scenario's node steps on each joint_states (the node's default), on "
+        "each pair of camera frames (step_on: [top, wrist]), or both, one after the other "
+        "(default; the joint_states one is 'camera', the other 'camera_frames')",
+    )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
         "--only",
@@ -1411,9 +1437,15 @@ def main() -> int:
             )  # fmt: skip
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
-    cam = None
+    cam = cam_frames = None
     if full or args.only == "camera":
-        cam = attempt("camera", run_camera, args, args.camera_samples or (30 if q else 500))
+        n_pairs = args.camera_samples or (30 if q else 500)
+        if args.camera_step_on in ("joint_states", "both"):
+            cam = attempt("camera", run_camera, args, n_pairs)
+        if args.camera_step_on in ("cameras", "both"):
+            cam_frames = attempt(
+                "camera frames", run_camera, args, n_pairs, 20, 1.0, CAMERA_JS_HZ, "cameras"
+            )
 
     if not args.no_floors:
         for key, fn, a in (
@@ -1452,14 +1484,10 @@ def main() -> int:
         "camera_to_action_p50_us": dig(cam, "camera_to_action_p50_us"),
         "camera_to_action_p99_us": dig(cam, "camera_to_action_p99_us"),
         "camera_compressed": bool(args.camera_compressed),
-        "camera": cam
-        and {
-            **cam,
-            # the image echo floor carries raw images: no floor for compressed frames
-            "vs_floor_image_echo_p50_us": None
-            if args.camera_compressed
-            else versus(cam["camera_to_action_p50_us"], dig(floors.get("image_echo"), "p50_us")),
-        },
+        "camera": with_image_floor(cam, floors, args.camera_compressed),
+        "camera_frames_to_action_p50_us": dig(cam_frames, "camera_to_action_p50_us"),
+        "camera_frames_to_action_p99_us": dig(cam_frames, "camera_to_action_p99_us"),
+        "camera_frames": with_image_floor(cam_frames, floors, args.camera_compressed),
         "floors": floors,
         "start": starts,
         "flight_1khz": flight,
@@ -1488,6 +1516,16 @@ def main() -> int:
     print_table(result)
     log(f"wrote {args.out} in {result['wall_s']} s")
     return 1 if errors else 0
+
+
+def with_image_floor(cam: dict | None, floors: dict, compressed: bool) -> dict | None:
+    """A camera scenario's result with its p50 beside the image echo floor (none for
+    compressed frames: the floor carries raw images)."""
+    if cam is None:
+        return None
+    floor = dig(floors.get("image_echo"), "p50_us")
+    vs = None if compressed else versus(cam["camera_to_action_p50_us"], floor)
+    return {**cam, "vs_floor_image_echo_p50_us": vs}
 
 
 def print_table(r: dict) -> None:

@@ -116,9 +116,10 @@ def compressed_msg(data: bytes, fmt: str = "png"):
     return m
 
 
-def mixed_node(ros):
-    """A node in observation mode with top:compressed and a raw bgr8 wrist: (its client, the
-    top and wrist publishers, and [the latest ~/camera_seen data])."""
+def mixed_node(ros, **extra):
+    """A node in observation mode with top:compressed and a raw bgr8 wrist (and the `extra`
+    parameters): (its client, the top and wrist publishers, and [the latest ~/camera_seen
+    data])."""
     from rclpy.qos import QoSDurabilityPolicy, QoSProfile
     from sensor_msgs.msg import CompressedImage, Image
     from std_msgs.msg import UInt64MultiArray
@@ -129,6 +130,7 @@ def mixed_node(ros):
             "device": "cpu",
             "trigger": "observation",
             "cameras": ["top:compressed", "wrist:bgr8"],
+            **extra,
         }
     )
     c = NodeClient(ros, proc)
@@ -203,6 +205,48 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     assert d["camera.top.encoding"] == "rgb8", d
     assert seen[0] == [6, 3, 3, 3]
     assert "handler raised" not in c.proc.log_tail(200)
+
+
+def test_step_on_a_compressed_camera_steps_from_its_decode_thread(ros):
+    """step_on: [top, wrist] with top compressed: the set completes on the decode thread (a
+    top frame last) or on the inputs' thread (a wrist image last); each is one step, the
+    Engine's action on the newest joint state and both frames."""
+    from flashrt_ros import Engine, load_policy
+
+    c, top, wrist, seen = mixed_node(ros, step_on=["top", "wrist"])
+    eng = Engine(
+        load_policy(SPEC), device="cpu", image_encodings={"observation.images.wrist": "bgr8"}
+    )
+    obs = np.random.default_rng(2).uniform(-0.5, 0.5, (2, 12))
+    tops, wrists = frames(2, 13), frames(2, 14)
+
+    def sent(pub, msg, i: int) -> None:  # and acknowledged
+        before = seen[0][i] if seen[0] else 0
+        pub.publish(msg)
+        assert ros.spin_until(lambda: seen[0] and seen[0][i] > before, 10), "not acknowledged"
+
+    for k, last in enumerate(("top", "wrist")):
+        for _ in range(2):  # the joint state: sampled, sent twice as a stream would
+            c.publish(obs[k])
+            ros.spin_for(0.1)
+        n = len(c.commands)
+        parts = [
+            (top, compressed_msg(encoded(tops[k])), 0),
+            (wrist, image_msg(wrists[k], "bgr8"), 2),
+        ]
+        for pub, msg, i in parts if last == "wrist" else parts[::-1]:
+            sent(pub, msg, i)
+        assert ros.spin_until(lambda n=n: len(c.commands) > n, 10), c.proc.log_tail()
+        ros.spin_for(0.2)
+        assert len(c.commands) == n + 1, f"{last} last: one frame set, one step"
+        want = eng.step(
+            {
+                "observation.state": obs[k].astype(np.float32),
+                "observation.images.top": tops[k],
+                "observation.images.wrist": wrists[k],
+            }
+        )
+        np.testing.assert_array_equal(c.commands[-1], want)
 
 
 def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_after(ros):

@@ -306,3 +306,83 @@ def test_a_payload_that_is_not_an_image_is_refused():
     for bad in (good[: len(good) // 2], b"", b"\x00\x01\x00\x00" + b"\xff" * 64):
         with pytest.raises(BadRequest, match="not a sensor_msgs/Image"):
             decode_image(bad, "camera 'top'")
+
+
+def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros):
+    """step_on: [top, wrist] paces the policy by its cameras: a step as soon as both cameras have
+    a new valid image since the last step (no wait for a joint_states), on the newest joint
+    state; joint_states alone never steps, and a stale one holds the robot."""
+    proc = ros.start_node(
+        {
+            "policy": SPEC,
+            "device": "cpu",
+            "trigger": "observation",
+            "cameras": CAMERAS,
+            "step_on": ["top", "wrist"],
+            "obs_timeout_s": 2.0,
+        }
+    )
+    c, cams = NodeClient(ros, proc), Cams(ros, proc)
+    eng = reference_engine()
+    obs = np.random.default_rng(5).uniform(-0.5, 0.5, (4, 12))
+    tops, wrists = frames(5, 6), frames(5, 7)
+
+    def state(o) -> None:  # sampled, never a step: sent twice, as a stream would
+        for _ in range(2):
+            c.publish(o)
+            ros.spin_for(0.1)
+
+    def frame_set(k: int, first: str = "top") -> None:
+        order = [("top", tops[k], "rgb8"), ("wrist", wrists[k], "bgr8")]
+        for cam, img, enc in order if first == "top" else order[::-1]:
+            cams.send(cam, image_msg(img, enc))
+
+    def expect(o, k: int) -> np.ndarray:
+        return eng.step(
+            {
+                "observation.state": o.astype(np.float32),
+                "observation.images.top": tops[k],
+                "observation.images.wrist": wrists[k],
+            }
+        )
+
+    def command(timeout: float = 10.0) -> np.ndarray:
+        n = len(c.commands)
+        assert ros.spin_until(lambda: len(c.commands) > n, timeout), proc.log_tail()
+        ros.spin_for(0.2)
+        assert len(c.commands) == n + 1, "one frame set, one step"
+        return c.commands[-1]
+
+    frame_set(0)  # no joint_states yet: held, not stepped
+    ros.spin_for(0.3)
+    assert c.commands == []
+    state(obs[0])
+    ros.spin_for(0.3)
+    assert c.commands == []  # joint_states is not in step_on
+    cams.send("top", image_msg(tops[1], "rgb8"))
+    ros.spin_for(0.3)
+    assert c.commands == []  # the wrist has nothing new yet
+    cams.send("wrist", image_msg(wrists[1], "bgr8"))
+    np.testing.assert_array_equal(command(), expect(obs[0], 1))
+
+    state(obs[1])  # a newer joint state, then a frame set in the other order
+    frame_set(2, first="wrist")
+    np.testing.assert_array_equal(command(), expect(obs[1], 2))
+
+    cams.send("wrist", image_msg(tops[3][:, :, 0], "mono8"))  # refused: not a new wrist frame
+    cams.send("top", image_msg(tops[3], "rgb8"))
+    ros.spin_for(0.3)
+    assert len(c.commands) == 2
+    state(obs[2])
+    cams.send("wrist", image_msg(wrists[3], "bgr8"))
+    np.testing.assert_array_equal(command(), expect(obs[2], 3))
+
+    ros.spin_for(2.3)  # the joint_states goes stale: a frame set holds the robot
+    frame_set(4)
+    d = stream_until(ros, c, 5.0, lambda: None, until=lambda d: d["_message"].startswith("stale"))
+    assert len(c.commands) == 3
+    assert d["_message"] == "stale: no fresh joint_states, holding", d
+    state(obs[3])  # fresh again: the next frame set steps
+    frame_set(4)
+    np.testing.assert_array_equal(command(), expect(obs[3], 4))
+    assert "trigger observation on top + wrist" in proc.log_tail(200)

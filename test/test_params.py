@@ -37,6 +37,10 @@ BAD = [  # (overrides, the parameter the error names): one of each class of bad 
     ({"cameras": ["front cam"]}, "cameras"),
     ({"cameras": ["a", "a"]}, "cameras"),
     ({"publish_offset_s": 0.01}, "publish_offset_s"),  # not below 1/rate_hz = 0.01
+    ({"step_on": []}, "step_on"),
+    ({"trigger": "observation", "cameras": ["top"], "step_on": ["side"]}, "step_on"),
+    ({"cameras": ["top"], "step_on": ["top"]}, "step_on"),  # the timer steps at rate_hz
+    ({"trigger": "observation", "cameras": ["joint_states"]}, "cameras"),
 ]
 
 

@@ -121,7 +121,9 @@ class Cameras:
     copies it into the engine's staging buffer then, between steps); there every message
     handled is acknowledged on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and
     accepted per camera, in `cameras` order), so a lockstep replay knows the node holds an image
-    before it sends the joint_states that steps on it."""
+    before it sends the joint_states that steps on it. A compressed camera's accepted frame then
+    calls `on_new` (the node's step_on, when cameras step), on its decode thread: the
+    acknowledgement goes out before the step it may start."""
 
     def __init__(
         self,
@@ -133,6 +135,7 @@ class Cameras:
         polled: bool,
         qos,
         prestage: Callable[[str, np.ndarray], bool] | None = None,
+        on_new: Callable[[], None] | None = None,
     ):
         from rclpy.qos import QoSDurabilityPolicy, QoSProfile
         from sensor_msgs.msg import CompressedImage, Image
@@ -140,6 +143,9 @@ class Cameras:
 
         self._refuse = refuse
         self._prestage = None if polled else prestage
+        # after each accepted compressed frame (the node's step_on; the raw cameras' thread
+        # calls it once it has taken all it found: inputs.InputLoop after_drain)
+        self._on_new = None if polled else on_new
         self._seen_lock = threading.Lock()  # the decode thread acknowledges frames too
         self.cams: list[Camera] = []
         self._decoders: list[DecodeLoop] = []  # a thread per compressed camera (start_decoding)
@@ -280,6 +286,8 @@ class Cameras:
         if self._prestage is not None and self._prestage(cam.key, img):
             cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
         self._publish_seen()  # observation mode: acknowledged
+        if self._on_new is not None and cam.compressed:
+            self._on_new()  # the node's step_on: this frame may complete a frame set
         return True
 
     def _publish_seen(self) -> None:
@@ -298,6 +306,10 @@ class Cameras:
                 continue
             while (got := take(c.sub)) is not None:
                 self.on_image(c, got[0], age=got[1])
+
+    def accepted(self, name: str) -> int:
+        """The valid images of camera `name` so far (the node's step_on counts them)."""
+        return next(c.accepted for c in self.cams if c.name == name)
 
     def stale(self, now: float, timeout: float) -> str:
         """The first camera without an image newer than `timeout` ("" when all are fresh);

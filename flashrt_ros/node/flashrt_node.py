@@ -1,16 +1,18 @@
 """The flashrt LifecycleNode: the control loop, the command outputs and the capsule services.
 
-Threads: rclpy's executor runs only the lifecycle and parameter services and the 1 Hz
-diagnostics timer (diagnostics.py). The subscriptions are never its (polled.py): from configure
-to cleanup (main.py: after the autostart transitions) the inputs' loop (inputs.py, thread
-`flashrt-inputs`) takes the goal and, in observation mode, the images and joint_states (each
-joint_states a step, on that thread); the timer trigger runs its own thread (`flashrt-control`,
-loop.py), which takes joint_states and the images itself at the top of each tick and publishes
-/diagnostics in its slack. The services run on a node and a loop of their own (host.py, main.py),
-served by the thread that steps: the control thread between two ticks while the timer loop runs,
-the inputs' thread between two observations in observation mode, else a thread of their own. A
-rollout steps on a thread of its own (services.py). Every Engine call holds the engine lock
-(loop.EngineLock), so a service request always lands between two steps; the control tick goes
+Threads: rclpy's executor runs only the lifecycle and parameter services and the 1 Hz diagnostics
+timer (diagnostics.py). The subscriptions are never its (polled.py): from configure to cleanup
+(main.py: after the autostart transitions) the inputs' loop (inputs.py, thread `flashrt-inputs`)
+takes the goal and, in observation mode, the images and joint_states (each joint_states a step, on
+that thread; with `step_on` naming cameras, a step once every listed input has a new valid message,
+on the thread that took the last of them: `_step_if_due`, so a camera-paced policy steps as its
+frames land, not at the next joint_states); the timer trigger runs its own thread
+(`flashrt-control`, loop.py), which takes joint_states and the images itself at the top of each
+tick and publishes /diagnostics in its slack. The services run on a node and a loop of their own
+(host.py, main.py), served by the thread that steps: the control thread between two ticks while the
+timer loop runs, the inputs' thread between two observations in observation mode, else a thread of
+their own. A rollout steps on a thread of its own (services.py). Every Engine call holds the engine
+lock (loop.EngineLock), so a service request always lands between two steps; the control tick goes
 first, and a rollout steps only where no tick is due.
 
 Safety: nothing non-finite is ever published. A step that produces a NaN/Inf action (or fails on
@@ -86,6 +88,12 @@ class FlashrtNode(LifecycleNode):
         self._cams = None  # node/cameras.py Cameras: camera/<name>/image_raw
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
+        # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
+        # every step_on input has a new valid message; the inputs' counts at the last step
+        self._frames = False
+        self._due_lock = threading.Lock()
+        self._stepped_at: tuple[int, ...] = ()
+        self._js_taken = 0  # valid joint_states so far (frame steps count them)
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
@@ -169,6 +177,8 @@ class FlashrtNode(LifecycleNode):
             )
         self._state_key, self._cams = state_key, None
         timer = cfg.trigger == "timer"
+        # frame steps: the joint_states is a sampled input, as in timer mode (newest wins)
+        self._frames = frames = not timer and tuple(cfg.step_on) != ("joint_states",)
         if cameras:
             # imported here: it loads rosbags' decoder, ~45 ms of start-up without cameras
             from flashrt_ros.node.cameras import Cameras
@@ -183,6 +193,7 @@ class FlashrtNode(LifecycleNode):
                     polled=timer,
                     qos=qos_profile_sensor_data if timer else 10,
                     prestage=self._prestage,
+                    on_new=self._step_if_due if frames else None,
                 )
             except Exception as e:  # e.g. no decoder for compressed frames: say so, leave nothing
                 self.get_logger().error(f"configure failed: cameras: {type(e).__name__}: {e}")
@@ -196,26 +207,36 @@ class FlashrtNode(LifecycleNode):
                 JointState,
                 "joint_states",
                 self._on_joint_states,
-                qos_profile_sensor_data if timer else 100,
+                qos_profile_sensor_data if timer or frames else 100,
                 callback_group=self._polled,
             ),
         ]
         self._js_sub = self._subs[1]
         # timer mode: the control thread takes joint_states and the images itself
         drained = [self._subs[0]]  # the goal
+        if frames:  # the newest joint_states before the images whose arrival steps
+            drained.append(self._js_sub)
         if not timer and self._cams is not None:
             drained += self._cams.raw_subs()  # the compressed ones: the decode thread
-        stepping = None if timer else self._js_sub
+        stepping = None if timer or frames else self._js_sub
         # observation mode: the thread that steps answers the services too (inputs.py)
         host = None if timer else self.service_host
-        self._inputs = InputLoop(self.context, self.get_logger(), drained, stepping, host)
+        self._inputs = InputLoop(
+            self.context,
+            self.get_logger(),
+            drained,
+            stepping,
+            host,
+            after_drain=self._step_if_due if frames else None,
+        )
         if not self.defer_inputs:
             self._start_inputs()
         self.get_logger().info(
             f"configured {policy.policy_id} on {engine.device} "
             f"({self._step_kind(engine)}), "
             f"state {engine.state_nbytes} B, {cfg.capsule_slots} capsule slots, "
-            f"trigger {cfg.trigger}{' (busy wait)' if cfg.busy_wait else ''}, "
+            f"trigger {cfg.trigger}{' (busy wait)' if cfg.busy_wait else ''}"
+            f"{' on ' + ' + '.join(cfg.step_on) if frames else ''}, "
             f"{len(engine.capsules())} capsules reloaded, "
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
@@ -266,6 +287,8 @@ class FlashrtNode(LifecycleNode):
             if self.cfg.trigger == "timer" and self._js_sub is not None:
                 while take(self._js_sub) is not None:  # nor on one queued while inactive
                     pass
+            with self._due_lock:  # frame steps: only messages from now on count
+                self._stepped_at = self._input_counts()
             self.active = True
         if self.cfg.trigger == "observation" and self.cfg.busy_wait:
             self._inputs.set_busy(True)  # the thread that steps polls while active (busy_wait)
@@ -392,12 +415,38 @@ class FlashrtNode(LifecycleNode):
             return
         if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
             self.flight.seen(msg.header.stamp)
-        if self.cfg.trigger == "observation":
+        if self.cfg.trigger == "observation" and not self._frames:
             if self.active:
                 self._step(obs)
             return
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
+            self._js_taken += 1
+
+    def _input_counts(self) -> tuple[int, ...]:
+        """Frame steps: the valid messages of each step_on input so far."""
+        if not self._frames:
+            return ()
+        return tuple(
+            self._js_taken if name == "joint_states" else self._cams.accepted(name)
+            for name in self.cfg.step_on
+        )
+
+    def _step_if_due(self) -> None:
+        """Frame steps (step_on): one step once every listed input has a new valid message since
+        the last one, on the newest of every input. Called by the inputs' thread once it has
+        taken what it found (a backlog steps once), and by a decode thread after each frame:
+        the check and its reset are one, under _due_lock."""
+        if not self.active:
+            return
+        with self._due_lock:
+            counts = self._input_counts()
+            if any(n <= was for n, was in zip(counts, self._stepped_at, strict=True)):
+                return
+            self._stepped_at = counts
+        with self._obs_lock:
+            obs, t = self._latest_obs, self._latest_t
+        self._step(obs, t)  # stale joint_states or cameras: no step, counted as a stale tick
 
     def _on_goal(self, msg: Float64MultiArray, age: float = 0.0) -> None:
         with self.engine_lock:
@@ -654,7 +703,7 @@ class FlashrtNode(LifecycleNode):
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
-        elif self.cfg.trigger == "timer" and sn["stale_ticks"] and rate == 0.0:
+        elif (self.cfg.trigger == "timer" or self._frames) and sn["stale_ticks"] and rate == 0.0:
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
         elif poisoned:

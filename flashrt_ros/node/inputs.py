@@ -9,7 +9,9 @@ takes their messages: a thread (`flashrt-inputs`) waiting on a wait set built on
 (waitloop.WaitLoop, as the services' loop).
 
 At each wake-up it goes in rounds: every queued message of the `drained` inputs (the goal, then
-each camera), then one message of the `stepping` input (joint_states in observation mode, where
+each camera), then `after_drain` (the node's step_on check: a step once every listed input has
+something new, so a backlog of frames steps once, on the newest of each), then one message of
+the `stepping` input (joint_states in observation mode, where
 each one is a step: taken one at a time, none dropped); again while a stepping message came. So
 a goal or an image that arrived before an observation is applied before its step, as the
 executor did (goal and images first when several wait). Each subscription's own callback is
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flashrt_ros.node.polled import take
 from flashrt_ros.node.waitloop import WaitLoop
@@ -40,10 +42,19 @@ class InputLoop(WaitLoop):
 
     thread_name = "flashrt-inputs"
 
-    def __init__(self, context, log, drained: Sequence, stepping=None, host=None) -> None:
+    def __init__(
+        self,
+        context,
+        log,
+        drained: Sequence,
+        stepping=None,
+        host=None,
+        after_drain: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(context, log)
         self.drained = list(drained)
         self.stepping = stepping
+        self.after_drain = after_drain
         self.host = host  # a ServiceHost whose services this loop answers (observation mode)
         self._served: tuple[list, list] | None = None  # what it borrowed: guards, services
         self.lock = threading.Lock()
@@ -76,6 +87,8 @@ class InputLoop(WaitLoop):
                         continue
                     while (got := self._take(sub)) is not None:
                         self._call(sub, got)
+                if self.after_drain is not None:
+                    self._after_drain()
                 sub = self.stepping
                 if sub is None or (first and sub.handle.pointer not in ready):
                     return
@@ -86,6 +99,12 @@ class InputLoop(WaitLoop):
                 if served:  # back to the wait (ready at once): requests go between two steps
                     return
                 first = False
+
+    def _after_drain(self) -> None:
+        try:
+            self.after_drain()
+        except Exception as e:  # as a handler that raises: logged, the loop goes on
+            self.log.error(f"after the inputs: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
     def _take(self, sub) -> tuple[object, float] | None:
         """polled.take, or None when the take itself fails (a message that does not

@@ -559,6 +559,24 @@ def _node_cross(v: Mapping[str, Any]) -> list[str]:
             f"parameter cameras={list(v['cameras'])!r} ({dup!r} appears twice); accepts "
             "each camera name at most once"
         ]
+    if "joint_states" in names:
+        return [
+            f"parameter cameras={list(v['cameras'])!r}; accepts any camera name but "
+            "'joint_states' (step_on would not tell the camera from the joint states)"
+        ]
+    step_on = list(v["step_on"])
+    unknown = [s for s in step_on if s != "joint_states" and s not in names]
+    if unknown:
+        return [
+            f"parameter step_on={step_on!r} ({unknown[0]!r} is neither joint_states nor a "
+            f"camera of cameras={names!r}); accepts joint_states and the camera names"
+        ]
+    if v["trigger"] == "timer" and step_on != ["joint_states"]:
+        return [
+            f"parameter step_on={step_on!r}; accepts only the default ['joint_states'] with "
+            "trigger=timer (the timer steps at rate_hz; step_on picks the observation trigger's "
+            "inputs)"
+        ]
     if v["trigger"] == "timer" and v["publish_offset_s"] >= 1.0 / v["rate_hz"]:
         return [
             f"parameter publish_offset_s={v['publish_offset_s']!r}; accepts a value below "
@@ -592,7 +610,8 @@ NODE_PARAMS = ParamTable(
             "trigger",
             "timer",
             "string",
-            "timer: step at rate_hz; observation: one step per joint_states message",
+            "timer: step at rate_hz; observation: step as messages arrive (one per "
+            "joint_states message, or as step_on says)",
             choices=("timer", "observation"),
         ),
         Param(
@@ -770,6 +789,21 @@ NODE_PARAMS = ParamTable(
             pattern_text="name, name:encoding or name:compressed (a letter, then letters, "
             "digits or _; rgb8, bgr8 or mono8)",
             unique=True,
+        ),
+        Param(
+            "step_on",
+            ["joint_states"],
+            "string_array",
+            "observation trigger: the inputs whose new messages make a step, joint_states "
+            "and/or camera names; a step comes once every listed input has a new valid message "
+            "since the last step, on the newest of every input. [joint_states]: one step per "
+            "joint_states message, none dropped; the camera names: one step per camera frame "
+            "set, at the cameras' rate, with no wait for the next joint_states (which must "
+            "still be newer than obs_timeout_s)",
+            pattern=r"[A-Za-z][A-Za-z0-9_]*",
+            pattern_text="joint_states or a camera name",
+            unique=True,
+            min_items=1,
         ),
         Param("autostart", True, "bool", "configure and activate at start"),
     ],

@@ -287,8 +287,6 @@ def diag_numbers(d: dict) -> dict:
         "service_queue_p99_us",
         "service_reply_p50_us",
         "service_lock_wait_p50_us",
-        "frame_age_p50_us",
-        "frame_age_p99_us",
         "device",
         "state",
     ):

@@ -386,5 +386,3 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     frame_set(4)
     np.testing.assert_array_equal(command(), expect(obs[3], 4))
     assert "trigger observation on top + wrist" in proc.log_tail(200)
-    d = c.latest_diag(3.0)  # how long a set's last frame waited for its step, from reception
-    assert 0.0 < float(d["frame_age_p50_us"]) <= float(d["frame_age_p99_us"]) < 2e6, d

@@ -311,10 +311,6 @@ class Cameras:
         """The valid images of camera `name` so far (the node's step_on counts them)."""
         return next(c.accepted for c in self.cams if c.name == name)
 
-    def newest_t(self, names) -> float:
-        """The latest reception time (monotonic) of the newest images of cameras `names`."""
-        return max((c.latest_t for c in self.cams if c.name in names), default=0.0)
-
     def stale(self, now: float, timeout: float) -> str:
         """The first camera without an image newer than `timeout` ("" when all are fresh);
         counted on that camera."""

@@ -448,10 +448,6 @@ class FlashrtNode(LifecycleNode):
             self._stepped_at = counts
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
-        if self._cams is not None:  # how long the set's last frame waited for its step
-            age = time.monotonic() - self._cams.newest_t(self.cfg.step_on)
-            with self.stats.lock:
-                self.stats.frame_age_us.add(age * 1e6)
         self._step(obs, t)  # stale joint_states or cameras: no step, counted as a stale tick
 
     def _on_goal(self, msg: Float64MultiArray, age: float = 0.0) -> None:
@@ -666,14 +662,6 @@ class FlashrtNode(LifecycleNode):
             "service_queue_p50_us": f"{sn['service_queue_p50_us']:.1f}",
             "service_queue_p99_us": f"{sn['service_queue_p99_us']:.1f}",
             "service_reply_p50_us": f"{sn['service_reply_p50_us']:.1f}",
-            **(
-                {
-                    "frame_age_p50_us": f"{sn['frame_age_p50_us']:.1f}",
-                    "frame_age_p99_us": f"{sn['frame_age_p99_us']:.1f}",
-                }
-                if self._frames
-                else {}
-            ),
             **{f"service_{k}_p50_us": f"{v:.1f}" for k, v in sn["service_by_p50_us"].items()},
             "step_errors": str(sn["step_errors"]),
             "last_error": sn["last_error"],

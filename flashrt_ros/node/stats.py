@@ -70,8 +70,6 @@ class LoopStats:
         # waited for the serving thread (a tick in progress, the GIL, a request before it)
         self.service_queue_us = Ring(512)
         self.service_reply_us = Ring(512)  # sending the reply (serialization, the write)
-        # step_on naming cameras: the newest frame's age at its set's step, from its reception
-        self.frame_age_us = Ring(512)
         # per service, once it is called: "<name>" its handler time, "<name>_queue" and
         # "<name>_reply" as service_queue_us and service_reply_us
         self.service_by: dict[str, Ring] = {}
@@ -104,7 +102,6 @@ class LoopStats:
                     "lock_wait_us",
                     "service_queue_us",
                     "service_reply_us",
-                    "frame_age_us",
                 )
             }
             times = self.tick_times.values().copy()
@@ -132,7 +129,6 @@ class LoopStats:
         svc50, svc99 = percentiles(rings["service_us"], (50, 99))
         wait50, wait99 = percentiles(rings["lock_wait_us"], (50, 99))
         queue50, queue99 = percentiles(rings["service_queue_us"], (50, 99))
-        age50, age99 = percentiles(rings["frame_age_us"], (50, 99))
         return {
             **counts,
             "rate_hz": float(np.count_nonzero(now - times <= 2.0)) / 2.0,
@@ -146,8 +142,6 @@ class LoopStats:
             "service_queue_p50_us": queue50,
             "service_queue_p99_us": queue99,
             "service_reply_p50_us": percentiles(rings["service_reply_us"], (50,))[0],
-            "frame_age_p50_us": age50,
-            "frame_age_p99_us": age99,
             "new_faults": new_faults,
             "service_by_p50_us": {k: percentiles(v, (50,))[0] for k, v in sorted(by.items())},
         }

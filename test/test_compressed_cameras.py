@@ -226,10 +226,10 @@ def test_step_on_a_compressed_camera_steps_from_its_decode_thread(ros):
         assert ros.spin_until(lambda: seen[0] and seen[0][i] > before, 10), "not acknowledged"
 
     for k, last in enumerate(("top", "wrist")):
+        n = len(c.commands)  # before the joint state, which must not step
         for _ in range(2):  # the joint state: sampled, sent twice as a stream would
             c.publish(obs[k])
             ros.spin_for(0.1)
-        n = len(c.commands)
         parts = [
             (top, compressed_msg(encoded(tops[k])), 0),
             (wrist, image_msg(wrists[k], "bgr8"), 2),

@@ -378,10 +378,14 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     np.testing.assert_array_equal(command(), expect(obs[2], 3))
 
     ros.spin_for(2.3)  # the joint_states goes stale: a frame set holds the robot
+    d = c.latest_diag(3.0)
+    assert not d["_message"].startswith("stale"), d  # the start-up's stale tick is long past
+    stale_before = int(d["stale_ticks"])
     frame_set(4)
     d = stream_until(ros, c, 5.0, lambda: None, until=lambda d: d["_message"].startswith("stale"))
     assert len(c.commands) == 3
     assert d["_message"] == "stale: no fresh joint_states, holding", d
+    assert int(d["stale_ticks"]) == stale_before + 1, d
     state(obs[3])  # fresh again: the next frame set steps
     frame_set(4)
     np.testing.assert_array_equal(command(), expect(obs[3], 4))

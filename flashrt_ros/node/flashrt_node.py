@@ -88,6 +88,7 @@ class FlashrtNode(LifecycleNode):
         self._cams = None  # node/cameras.py Cameras: camera/<name>/image_raw
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
+        self._stale_at = float("-inf")  # when the last stale tick was
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
@@ -496,7 +497,7 @@ class FlashrtNode(LifecycleNode):
                 return False
 
     def _stale(self, why: str) -> None:
-        self._stale_why = why
+        self._stale_why, self._stale_at = why, time.monotonic()
         with self.stats.lock:
             self.stats.stale_ticks += 1
             self.stats.stale_s += self._loop.period if self._loop else 0.0
@@ -705,7 +706,15 @@ class FlashrtNode(LifecycleNode):
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
-        elif (self.cfg.trigger == "timer" or self._frames) and sn["stale_ticks"] and rate == 0.0:
+        elif (
+            # frame steps come only with frames: a stale tick of long ago says nothing now
+            (
+                self.cfg.trigger == "timer"
+                or (self._frames and time.monotonic() - self._stale_at < 2.0)
+            )
+            and sn["stale_ticks"]
+            and rate == 0.0
+        ):
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
         elif poisoned:

@@ -732,7 +732,7 @@ def camera_match(
     the command count at its publish) that stepped on its images: probe values (v, v + 1), or
     with `or_newer` these or newer ones on each camera (v counts modulo 250); another policy:
     any command. None when none came within `timeout_ns` of the publish."""
-    v, t_mono, _, m0 = pair
+    v, t_mono, _, m0 = pair[:4]
     for i in range(m0, len(cl.cmd_cb)):
         if cl.cmd_cb[i] - t_mono > timeout_ns:
             return None
@@ -744,6 +744,31 @@ def camera_match(
         ):
             return i
     return None
+
+
+def images_in_split(cl: Client, pairs: list, seen: list, probe: bool, timeout_ns: int) -> dict:
+    """run_camera's `images_in` split: for each pair with a command, the first ~/camera_seen
+    message by which the node had received this pair's images on both cameras (the k-th pair
+    sent is each camera's k-th message: the publishers waited for the node's subscriptions),
+    from DDS reception stamps (system clock) like the `dds` basis."""
+    ins, after = [], []
+    for pair in pairs:
+        i = camera_match(cl, pair, probe, timeout_ns)
+        if i is None or not cl.cmd_rx[i]:
+            continue
+        k = pair[4]
+        got = next((rx for rx, d in seen if rx and d[0] >= k and d[2] >= k), None)
+        if got is None:
+            continue
+        ins.append((got - pair[2]) * 1e-3)
+        after.append((cl.cmd_rx[i] - got) * 1e-3)
+    return {
+        "images_in_samples": len(ins),
+        "images_in_p50_us": pct(ins, 50),
+        "images_in_p99_us": pct(ins, 99),
+        "after_images_p50_us": pct(after, 50),
+        "after_images_p99_us": pct(after, 99),
+    }
 
 
 def run_camera(
@@ -782,7 +807,12 @@ def run_camera(
     them had a command step on this pair's or newer images instead (one camera's image came
     so late that the other camera's next one overtook it: no step saw both of this pair).
     `fresh` (probe only) is the same latency to the first command whose images are this
-    pair's or newer on both cameras, which drops no superseded pair."""
+    pair's or newer on both cameras, which drops no superseded pair.
+
+    `images_in`: the same pairs split at the node's acknowledgement of both images on
+    ~/camera_seen (sent once an image is checked and staged, before any step; its DDS reception
+    stamp here, so it carries one small message's transport): publish -> both images held by
+    the node (`images_in_p50_us`), then held -> command (`after_images_p50_us`)."""
     probe = args.camera_policy == CAMERA_PROBE
     compressed = args.camera_compressed
     make_pair = compressed_pair_maker() if compressed else camera_pair
@@ -815,7 +845,18 @@ def run_camera(
         for c in CAMERAS
     ]
     period, timeout_ns = 1.0 / CAMERA_HZ, int(timeout * 1e9)
-    pairs: list[tuple] = []  # counted: (v, t_mono ns, t_wall ns, command count at publish)
+    # counted: (v, t_mono ns, t_wall ns, command count at publish, pairs sent with it)
+    pairs: list[tuple] = []
+    from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+    from std_msgs.msg import UInt64MultiArray
+
+    seen: list[tuple[int, list]] = []  # ~/camera_seen: (DDS reception ns, per camera counts)
+    seen_sub = ros.node.create_subscription(
+        UInt64MultiArray,
+        proc.service("camera_seen"),
+        lambda m, info: seen.append((int(info.get("received_timestamp", 0) or 0), list(m.data))),
+        QoSProfile(depth=1000, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL),
+    )
     sp = None
     sent = behind = 0
     try:
@@ -845,7 +886,7 @@ def run_camera(
                 p.publish(m)
             sent += 1
             if warm_left == 0:
-                pairs.append((v, t_mono, t_wall, m0))
+                pairs.append((v, t_mono, t_wall, m0, sent))
             elif warm_left is not None:
                 warm_left -= 1
             msgs = make_pair(1 + sent % 250)  # the next pair, built off the clock
@@ -868,6 +909,8 @@ def run_camera(
         for p in pubs:
             with contextlib.suppress(Exception):
                 ros.node.destroy_publisher(p)
+        with contextlib.suppress(Exception):
+            ros.node.destroy_subscription(seen_sub)
         proc.stop()
     if "traceback" in info or info.get("rc"):
         log(f"camera: the joint_states streamer did not end cleanly: {info}")
@@ -883,6 +926,7 @@ def run_camera(
             if cl.cmd_rx[i] > 0:
                 lat[key][1].append((cl.cmd_rx[i] - pair[2]) * 1e-3)
     s, f = latency_summary(*lat["exact"]), latency_summary(*lat["fresh"])
+    split = images_in_split(cl, pairs, seen, probe, timeout_ns)
     span = (pairs[-1][1] - pairs[0][1]) * 1e-9
     out = {
         "samples": s["samples"],
@@ -903,6 +947,7 @@ def run_camera(
         "camera_to_action_p99_us": s["p99_us"],
         **{k: s[k] for k in ("cb_p50_us", "cb_p99_us", "dds_p50_us", "dds_p99_us")},
         "fresh": {**f, "missed": missed["fresh"]} if probe else None,
+        **split,
         "streamer": info,
         "node": {
             **diag_numbers(d),
@@ -913,7 +958,8 @@ def run_camera(
         f"cameras, step_on {step_on} ({s['samples']} pairs, {out['missed']} missed "
         f"({out['missed_superseded']} superseded), images at "
         f"{out['image_rate_hz']} Hz, joint_states at {js_rate:g} Hz): camera->action p50/p99 "
-        f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}); "
+        f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}) = "
+        f"images in {out['images_in_p50_us']} + after {out['after_images_p50_us']} (p50s); "
         f"in the client callback {out['cb_p50_us']}/{out['cb_p99_us']} us; node step p50 "
         f"{out['node'].get('step_p50_us')} us; streamer {info.get('published')} published, "
         f"{info.get('late')} late"

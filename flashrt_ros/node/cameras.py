@@ -223,10 +223,11 @@ class Cameras:
             node.destroy_publisher(pub)
         self.cams = []
 
-    def clear(self) -> None:
+    def clear(self, then: Callable[[], None] | None = None) -> None:
         """Forget every image (activation: never step on one from before), and drop the queued
         ones in polled mode. Between two frames of each decode thread, so a frame one was
-        decoding meanwhile cannot land after this."""
+        decoding meanwhile cannot land after this; `then` runs before they go on (the node
+        notes its step_on counts there, so no frame lands between the two)."""
         with contextlib.ExitStack() as held:
             for loop in self._decoders:
                 held.enter_context(loop.lock)
@@ -235,6 +236,8 @@ class Cameras:
                 if self.polled:
                     while take(c.sub) is not None:
                         pass
+            if then is not None:
+                then()
 
     def on_image(self, cam: Camera, msg, age: float = 0.0) -> bool:
         """Check one message; a valid one becomes the camera's newest image. False if refused."""

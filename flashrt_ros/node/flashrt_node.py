@@ -285,13 +285,13 @@ class FlashrtNode(LifecycleNode):
         with self._inputs.lock:  # between two messages of the inputs' loop
             with self._obs_lock:
                 self._latest_obs = None  # never act on an observation from before activation
-            if self._cams is not None:
-                self._cams.clear()  # nor on an image from before it
             if self.cfg.trigger == "timer" and self._js_sub is not None:
                 while take(self._js_sub) is not None:  # nor on one queued while inactive
                     pass
-            with self._due_lock:  # frame steps: only messages from now on count
-                self._stepped_at = self._input_counts()
+            if self._cams is not None:  # nor on an image from before it; and frame steps
+                self._cams.clear(then=self._reset_due)  # count only the frames after it
+            else:
+                self._reset_due()
             self.active = True
         if self.cfg.trigger == "observation" and self.cfg.busy_wait:
             self._inputs.set_busy(True)  # the thread that steps polls while active (busy_wait)
@@ -425,6 +425,11 @@ class FlashrtNode(LifecycleNode):
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
             self._js_taken += 1
+
+    def _reset_due(self) -> None:
+        """Frame steps: only the messages from now on make the next step."""
+        with self._due_lock:
+            self._stepped_at = self._input_counts()
 
     def _input_counts(self) -> tuple[int, ...]:
         """Frame steps: the valid messages of each step_on input so far."""

@@ -662,7 +662,9 @@ NODE_PARAMS = ParamTable(
             0,
             "integer",
             "SCHED_FIFO priority of the thread that steps (the control thread in timer mode, "
-            "the inputs' thread in observation mode), so no other process delays a tick; "
+            "the inputs' thread in observation mode), so no other process delays a tick (a "
+            "compressed camera's decode thread, which steps when its frame completes a step_on "
+            "set, keeps normal scheduling); "
             "needs CAP_SYS_NICE or an rtprio limit, else a warning and normal scheduling "
             "(0 = normal scheduling)",
             lo=0,

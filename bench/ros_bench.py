@@ -746,15 +746,18 @@ def camera_match(
     return None
 
 
-def images_in_split(cl: Client, pairs: list, seen: list, probe: bool, timeout_ns: int) -> dict:
-    """run_camera's `images_in` split: for each pair with a command, the first ~/camera_seen
-    message by which the node had received this pair's images on both cameras (the k-th pair
-    sent is each camera's k-th message: the publishers waited for the node's subscriptions),
-    from DDS reception stamps (system clock) like the `dds` basis."""
+def images_in_split(cl: Client, matched: list[tuple[tuple, int]], seen: list) -> dict:
+    """run_camera's `images_in` split: for each (pair, index of its command), the first
+    ~/camera_seen message by which the node had received this pair's images on both cameras
+    (the k-th pair sent is each camera's k-th message: the publishers waited for the node's
+    subscriptions), from DDS reception stamps (system clock) like the `dds` basis. The
+    acknowledgements are latched with depth 1, so on a loaded machine one can be overwritten
+    before it is sent; a pair then takes a later one (its images_in too long, its after_images
+    too short, even negative: seen on the 2-core CPU machine, not in the H200 runs, whose
+    after_images p99 stayed 0.5-1.5 ms)."""
     ins, after = [], []
-    for pair in pairs:
-        i = camera_match(cl, pair, probe, timeout_ns)
-        if i is None or not cl.cmd_rx[i]:
+    for pair, i in matched:
+        if not cl.cmd_rx[i]:
             continue
         k = pair[4]
         got = next((rx for rx, d in seen if rx and d[0] >= k and d[2] >= k), None)
@@ -916,17 +919,20 @@ def run_camera(
         log(f"camera: the joint_states streamer did not end cleanly: {info}")
     lat = {"exact": ([], []), "fresh": ([], [])}  # (cb, dds) latencies in us
     missed = {"exact": 0, "fresh": 0}
+    matched = []  # (pair, its exact command's index): the images_in split
     for pair in pairs:
         for key in lat:
             i = camera_match(cl, pair, probe, timeout_ns, or_newer=key == "fresh")
             if i is None:
                 missed[key] += 1
                 continue
+            if key == "exact":
+                matched.append((pair, i))
             lat[key][0].append((cl.cmd_cb[i] - pair[1]) * 1e-3)
             if cl.cmd_rx[i] > 0:
                 lat[key][1].append((cl.cmd_rx[i] - pair[2]) * 1e-3)
     s, f = latency_summary(*lat["exact"]), latency_summary(*lat["fresh"])
-    split = images_in_split(cl, pairs, seen, probe, timeout_ns)
+    split = images_in_split(cl, matched, seen)
     span = (pairs[-1][1] - pairs[0][1]) * 1e-9
     out = {
         "samples": s["samples"],

@@ -208,8 +208,8 @@ class FlashrtNode(LifecycleNode):
                 JointState,
                 "joint_states",
                 self._on_joint_states,
-                # frame steps take the newest, yet keep the observation trigger's reliable QoS
-                # (with best effort, three of four GPU runs held each frame set ~10 ms more)
+                # frame steps take the newest, yet keep the observation trigger's reliable QoS,
+                # so both observation modes match the same joint_states publishers
                 qos_profile_sensor_data if timer else 10 if frames else 100,
                 callback_group=self._polled,
             ),

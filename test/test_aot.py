@@ -117,3 +117,21 @@ def test_a_package_that_does_not_load_is_rebuilt(built, tmp_path, caplog):
     assert "does not load: rebuilding it" in caplog.text
     assert np.array_equal(again, got)
     assert not list((tmp_path / "aot").glob(".build-*"))  # no temporary file left behind
+
+
+def test_a_package_that_crashes_its_test_process_is_never_installed(tmp_path, monkeypatch, caplog):
+    """A package whose loader crashes (a segmentation fault was seen on the GPU machine) would
+    crash every later start that opens it: it is tried in another process first, and on a
+    failure the step is torch.compile'd instead, with a warning."""
+    from flashrt_ros.runtime import aot as aot_mod
+
+    monkeypatch.setattr(aot_mod, "TRY", "import os; os.abort()")  # as a crashing loader would
+    with caplog.at_level(logging.WARNING, logger="flashrt_ros.runtime.aot"):
+        eng, aot = aot_engine(load_policy("builtin:hybrid"), tmp_path)
+        got = steps(eng)
+    assert (aot.built, aot.loaded, len(aot.fell_back)) == (0, 0, 1)
+    assert "could not run the package" in aot.fell_back[0]
+    assert "torch.compile" in caplog.text
+    assert not list((tmp_path / "aot").iterdir())  # nothing installed, no temporary file left
+    want = steps(Engine(load_policy("builtin:hybrid"), device="cpu"))
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)

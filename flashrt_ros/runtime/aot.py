@@ -28,6 +28,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +39,39 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1  # bump when the wrapped step's calling convention changes
+SCHEMA = 2  # bump when the wrapped step's calling convention or the decompositions change
+
+# Run in a fresh process on a new package (AotSteps._try_in_child): load it, run it once on
+# zeros of the right shapes.
+TRY = r"""
+import json, sys, torch
+path, device, sigs = sys.argv[1], torch.device(sys.argv[2]), json.loads(sys.argv[3])
+index = device.index if device.type == "cuda" else -1
+run = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index).run
+run([torch.zeros(s, dtype=getattr(torch, d), device=device) for s, d in sigs])
+if device.type == "cuda":
+    torch.cuda.synchronize(device)
+print("LOADED")
+"""
+
+
+def _gru_gates(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """aten._thnn_fused_gru_cell (the gate math of a CUDA GRU cell, after its two matmuls) in
+    plain ops: it has no C shim, so AOTInductor would call it through its proxy executor; as
+    plain ops inductor fuses it with its neighbours. Gates r, z, n; the workspace as ATen's."""
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    ir, iz, i_n = input_gates.chunk(3, 1)
+    hr, hz, h_n = hidden_gates.chunk(3, 1)
+    r = torch.sigmoid(ir + hr)
+    z = torch.sigmoid(iz + hz)
+    n = torch.tanh(i_n + r * h_n)
+    return n + z * (hx - n), torch.cat([r, z, n, hx, h_n], 1)
+
+
+DECOMPOSITIONS = {torch.ops.aten._thnn_fused_gru_cell.default: _gru_gates}
 
 
 def _sig(t: torch.Tensor | None) -> list | None:
@@ -165,15 +199,34 @@ class AotSteps:
 
         with torch.no_grad():
             ep = torch.export.export(module, example, strict=False)
+            ep = ep.run_decompositions(DECOMPOSITIONS)
             fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".pt2", dir=path.parent)
             os.close(fd)
             os.chmod(tmp, 0o644)  # as any cache file (mkstemp makes it private)
             try:
                 torch._inductor.aoti_compile_and_package(ep, package_path=tmp)
+                self._try_in_child(tmp, example)
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+    def _try_in_child(self, tmp: str, example: tuple) -> None:
+        """Load and run a new package once in another process before it is installed: a package
+        that crashes its loader (seen: a segmentation fault) must never be what every later
+        start of the node opens. RuntimeError when that process fails."""
+        sigs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in example]
+        r = subprocess.run(
+            [sys.executable, "-c", TRY, tmp, str(self.device), json.dumps(sigs)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if r.returncode != 0 or "LOADED" not in r.stdout:
+            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(
+                f"a test process could not run the package (exit {r.returncode}: {tail})"
+            )
 
     def _load(self, path: Path) -> Callable | None:
         """The package's run(list of tensors), through torch's C++ loader (no compiler import);

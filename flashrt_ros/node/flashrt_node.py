@@ -251,7 +251,6 @@ class FlashrtNode(LifecycleNode):
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())
             + f"; compile cache {engine.compile_cache or 'torch default'}"
             + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
-            + f"; fused step: {engine.fused_by}"
         )
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.

@@ -39,7 +39,6 @@ from flashrt_ros.errors import (
     UnknownReference,
 )
 from flashrt_ros.policies.base import Policy
-from flashrt_ros.runtime.aot import AotSteps
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.flight import check_int, check_ticks, held_step, nonfinite_regions
 from flashrt_ros.runtime.inputs import (
@@ -52,7 +51,7 @@ from flashrt_ros.runtime.inputs import (
     wire_shape,
 )
 from flashrt_ros.runtime.probe import CheckpointProbe
-from flashrt_ros.runtime.session import Session, engine_entries, fused_step
+from flashrt_ros.runtime.session import Session, engine_entries
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +218,6 @@ class Engine:
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
         self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
-        # With a cache folder the fused step is built ahead of time and loaded from there
-        # (aot.py: a warm start then never imports the compiler); without one, torch.compile.
-        self._fuser: bool | AotSteps = self._fuse_step
-        if self._fuse_step and self.compile_cache is not None:
-            self._fuser = AotSteps(self.compile_cache, self.fingerprint, self.device, fused_step)
         self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log
         t_build = time.perf_counter()
         try:
@@ -260,21 +254,6 @@ class Engine:
         self.build_s["checksum_kernel"] = t - t0
         self.store.reload(self.load_capsule, room=self.pool.free_slots)
         self.build_s["reload"] = time.perf_counter() - t
-
-    @property
-    def fused_by(self) -> str:
-        """How the step's kernels were made, for the start-up log: "none" (plain kernels),
-        "policy parts" (Policy.compile_parts), "torch.compile", or the ahead-of-time packages
-        built and loaded (aot.py) and any step that fell back to torch.compile."""
-        if not self.fuse:
-            return "none"
-        if not self._fuse_step:
-            return "policy parts"
-        f = self._fuser
-        if not isinstance(f, AotSteps):
-            return "torch.compile"
-        out = f"ahead of time: {f.loaded} package(s) loaded, {f.built} built"
-        return out + (f", {len(f.fell_back)} fell back to torch.compile" if f.fell_back else "")
 
     # -- sessions ----------------------------------------------------------------------------------
     @property
@@ -334,7 +313,7 @@ class Engine:
             self.device,
             self.seed,
             self.use_graph,
-            self._fuser,
+            self._fuse_step,
             ticks,
             self.encodings,
         )

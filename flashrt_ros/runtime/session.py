@@ -3,8 +3,6 @@ kind of the policy: e.g. a tick that infers and a tick that only pops the action
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from flashrt_ros.cuda import ring as ring_kernel
@@ -89,15 +87,13 @@ class Session:
         device: torch.device,
         seed: int,
         use_graph: bool,
-        fuse: bool | Callable = False,
+        fuse: bool = False,
         flight_ticks: int = 0,
         encodings: dict[str, str] | None = None,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
-        `encodings` maps each image input to its camera encoding (inputs.resolve_encodings).
-        `fuse`: True compiles the step with torch.compile (fused_step); a callable of the same
-        signature (aot.AotSteps: the step built ahead of time) is used as given."""
+        `encodings` maps each image input to its camera encoding (inputs.resolve_encodings)."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -131,7 +127,7 @@ class Session:
             for e, r in zip(spec, self.arena.rows, strict=True)
         )
         self.table = table
-        fused = fuse if callable(fuse) else fused_step() if fuse else None
+        fused = fused_step() if fuse else None
         self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
         ring = self.flight.words if self.flight is not None else None
         # On CUDA the ring write is our own kernel (cuda/ring.py), launched in the step graph

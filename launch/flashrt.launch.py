@@ -3,6 +3,11 @@
 device:=... and trigger:=... override the params file only when given; left empty, the params
 file decides (so a robot's own YAML is never silently overridden by a launch default). The node
 checks every parameter (`flashrt_node --help` lists them) and exits with status 2 on a bad one.
+
+fastdds_profile:=auto (the default) gives the node config/fastdds_images.xml as its Fast DDS
+profile (camera images over shared memory whole; the file says why) unless the environment
+already names one in FASTDDS_DEFAULT_PROFILES_FILE; a path uses that file; an empty value leaves
+the environment alone.
 """
 
 import os
@@ -13,6 +18,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from flashrt_ros.node.fastdds import PROFILE_FILE, PROFILE_VAR, fastdds_env
 from flashrt_ros.node.params import NODE_PARAMS
 
 
@@ -21,6 +27,12 @@ def _override(name: str) -> str:
 
 
 def _node(context):
+    share = get_package_share_directory("flashrt_ros")
+    env = fastdds_env(
+        LaunchConfiguration("fastdds_profile").perform(context),
+        dict(os.environ),
+        os.path.join(share, "config", PROFILE_FILE),
+    )
     overrides = {
         key: LaunchConfiguration(key).perform(context)
         for key in ("device", "trigger")
@@ -38,6 +50,7 @@ def _node(context):
                 ("commands", LaunchConfiguration("commands_topic")),
                 ("goal", LaunchConfiguration("goal_topic")),
             ],
+            additional_env=env,
             output="screen",
         )
     ]
@@ -61,5 +74,11 @@ def generate_launch_description():
             "commands_topic", default_value="commands", description="command topic"
         ),
         DeclareLaunchArgument("goal_topic", default_value="goal", description="goal topic"),
+        DeclareLaunchArgument(
+            "fastdds_profile",
+            default_value="auto",
+            description="Fast DDS profile of the node: auto (config/fastdds_images.xml unless "
+            f"{PROFILE_VAR} is set), a file, or empty (the environment decides)",
+        ),
     ]
     return LaunchDescription([*args, OpaqueFunction(function=_node)])

@@ -51,6 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flashrt_ros.node.fastdds import PROFILE_VAR
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -1384,6 +1386,14 @@ def main() -> int:
         "500 Hz row with its service round trips, and the service floor; start: the cold, warm "
         "and floor starts)",
     )
+    ap.add_argument(
+        "--camera-fastdds-profile",
+        default=str(ROOT / "config" / "fastdds_images.xml"),
+        help="Fast DDS profile (FASTDDS_DEFAULT_PROFILES_FILE) of every process of the camera "
+        "scenario and of the image echo floor: this process, which publishes the images as a "
+        "camera driver would, the node and the streamer (default: config/fastdds_images.xml, "
+        "which carries a 640x480 image whole through shared memory; 'none': the environment's)",
+    )
     ap.add_argument("--log-dir", type=Path, default=None, help="node logs (default: beside --out)")
     ap.add_argument("--stream", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--topic", default="/joint_states", help=argparse.SUPPRESS)
@@ -1490,14 +1500,32 @@ def main() -> int:
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
     cam = cam_frames = None
+    cam_profile = None if args.camera_fastdds_profile == "none" else args.camera_fastdds_profile
+
+    @contextlib.contextmanager
+    def camera_dds():
+        """The camera scenario's Fast DDS profile in os.environ (children inherit it; each
+        attempt's context is new, so this process's own participant has it too)."""
+        old = os.environ.get(PROFILE_VAR)
+        if cam_profile is not None:
+            os.environ[PROFILE_VAR] = cam_profile
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(PROFILE_VAR, None)
+            else:
+                os.environ[PROFILE_VAR] = old
+
     if full or args.only == "camera":
         n_pairs = args.camera_samples or (30 if q else 500)
-        if args.camera_step_on in ("joint_states", "both"):
-            cam = attempt("camera", run_camera, args, n_pairs)
-        if args.camera_step_on in ("cameras", "both"):
-            cam_frames = attempt(
-                "camera frames", run_camera, args, n_pairs, 20, 1.0, CAMERA_JS_HZ, "cameras"
-            )
+        with camera_dds():
+            if args.camera_step_on in ("joint_states", "both"):
+                cam = attempt("camera", run_camera, args, n_pairs)
+            if args.camera_step_on in ("cameras", "both"):
+                cam_frames = attempt(
+                    "camera frames", run_camera, args, n_pairs, 20, 1.0, CAMERA_JS_HZ, "cameras"
+                )
 
     if not args.no_floors:
         for key, fn, a in (
@@ -1517,12 +1545,13 @@ def main() -> int:
                 }.get(args.only, ())  # start: its floor is one of the starts
             ):
                 continue
-            r = attempt(f"floor {key}", fn, *a)
-            if r is None:  # once more, a new process in a new domain: a floor is a baseline
-                # (one ListCapsules floor after an --only services node never answered: 0809464)
-                first = errors.pop()
-                r = attempt(f"floor {key} (retried)", fn, *a)
-                (retried if r is not None else errors).append(first)
+            with camera_dds() if key == "image_echo" else contextlib.nullcontext():
+                r = attempt(f"floor {key}", fn, *a)
+                if r is None:  # once more, a new process in a new domain: a floor is a baseline
+                    # (a ListCapsules floor after an --only services node never answered: 0809464)
+                    first = errors.pop()
+                    r = attempt(f"floor {key} (retried)", fn, *a)
+                    (retried if r is not None else errors).append(first)
             if r is not None:
                 floors[key] = r
 
@@ -1536,6 +1565,7 @@ def main() -> int:
         "camera_to_action_p50_us": dig(cam, "camera_to_action_p50_us"),
         "camera_to_action_p99_us": dig(cam, "camera_to_action_p99_us"),
         "camera_compressed": bool(args.camera_compressed),
+        "camera_fastdds_profile": cam_profile,
         "camera": with_image_floor(cam, floors, args.camera_compressed),
         "camera_frames_to_action_p50_us": dig(cam_frames, "camera_to_action_p50_us"),
         "camera_frames_to_action_p99_us": dig(cam_frames, "camera_to_action_p99_us"),

@@ -4,6 +4,7 @@ whole through shared memory (the file says why), and how the launch file chooses
 Two real processes on the test's own domain: one publishes a 640x480 rgb8 image, the other
 receives it. Each reports the shared-memory segments Fast DDS mapped into it (/proc/self/maps),
 which says whether the profile took effect: 8 MiB with it, Fast DDS's 512 KiB default without.
+A node started without the profile warns about camera frames too large for the default segment.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from flashrt_ros.node.fastdds import PROFILE_FILE, PROFILE_VAR, fastdds_env
-from test.ros_helpers import HAVE_RCLPY
+from flashrt_ros.node.fastdds import PROFILE_FILE, PROFILE_VAR, fastdds_env, large_image_hint
+from test.ros_helpers import HAVE_RCLPY, REPO_ROOT, launch_node
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "config" / PROFILE_FILE
@@ -126,3 +128,86 @@ def test_the_installed_profile_is_the_repository_one():
         hashlib.sha256(installed.read_bytes()).digest()
         == hashlib.sha256(PROFILE.read_bytes()).digest()
     )
+
+
+def test_the_hint_names_only_frames_over_the_segment_and_only_without_a_profile():
+    sizes = {"top": 640 * 480 * 3, "wrist": 640 * 480, "edge": 512 * 1024}
+    hint = large_image_hint(sizes, {}, "rmw_fastrtps_cpp", "/share/x.xml")
+    assert hint is not None and "top (921600 B)" in hint
+    assert "wrist" not in hint and "edge" not in hint  # 307,200 B and exactly 512 KiB fit
+    assert f"{PROFILE_VAR}=/share/x.xml" in hint
+    assert large_image_hint(sizes, {PROFILE_VAR: "/robot.xml"}, "rmw_fastrtps_cpp", "x") is None
+    assert large_image_hint(sizes, {}, "rmw_cyclonedds_cpp", "x") is None  # not Fast DDS
+    assert large_image_hint({"wrist": 640 * 480}, {}, "rmw_fastrtps_cpp", "x") is None
+
+
+def big_and_small_cameras():
+    """A LeRobot-shaped policy with a 640x480 rgb8 camera (921,600 B a frame, over Fast DDS's
+    512 KiB segment) and a 640x480 mono8 one (307,200 B, under it)."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    class TwoCameras(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = NS(
+                input_features={
+                    "observation.state": NS(type="STATE", shape=(12,)),
+                    "observation.images.top": NS(type="VISUAL", shape=(3, 480, 640)),
+                    "observation.images.wrist": NS(type="VISUAL", shape=(1, 480, 640)),
+                },
+                output_features={"action": NS(type="ACTION", shape=(6,))},
+                chunk_size=1,
+                n_action_steps=1,
+                n_obs_steps=1,
+                temporal_ensemble_coeff=None,
+            )
+
+        def predict_action_chunk(self, batch: dict) -> torch.Tensor:
+            pix = (
+                batch["observation.images.top"][:, 0, 0, :6]
+                + batch["observation.images.wrist"][:, 0, 0, :6]
+            )
+            return (batch["observation.state"][:, :6] + pix)[:, None]
+
+    return TwoCameras()
+
+
+@pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
+def test_the_node_warns_at_configure_about_large_frames_without_a_profile(ros, tmp_path):
+    """Started without launch (no profile), the node says which camera's frames are too large
+    for the default segment and which file to export; with the profile named it says nothing."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "ROS_DOMAIN_ID": str(ros.domain_id), "PYTHONPATH": path}
+    env.pop(PROFILE_VAR, None)
+    params = {
+        "device": "cpu",
+        "policy": "test.test_fastdds_profile:big_and_small_cameras",
+        "cameras": ["top", "wrist"],
+    }
+    procs = [
+        launch_node(params, log_dir=tmp_path, name="flashrt_plain", env=env),
+        launch_node(
+            params,
+            log_dir=tmp_path,
+            name="flashrt_profiled",
+            env={**env, PROFILE_VAR: str(PROFILE)},
+        ),
+    ]
+    try:
+        logs = []
+        for proc in procs:
+            deadline = time.monotonic() + 120
+            while "configured " not in proc.log_tail(400) and time.monotonic() < deadline:
+                assert proc.alive(), proc.log_tail()
+                time.sleep(0.2)
+            logs.append(proc.log_tail(400))
+    finally:
+        for proc in procs:
+            proc.stop()
+    plain, profiled = logs
+    assert "configured " in plain and "configured " in profiled, plain[-2000:]
+    assert "top (921600 B)" in plain and f"{PROFILE_VAR}=" in plain, plain[-2000:]
+    assert "wrist (" not in plain
+    assert "shared-memory segment" not in profiled, profiled[-2000:]

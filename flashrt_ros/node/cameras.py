@@ -31,6 +31,7 @@ same ones to the images of a bag.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -186,6 +187,20 @@ class Cameras:
                 MultiArrayDimension(label="received,accepted", size=2, stride=2),
             ]
             self._publish_seen()
+        self._warn_large_frames(node)
+
+    def _warn_large_frames(self, node) -> None:
+        """Say so at configure when raw frames exceed Fast DDS's default shared-memory segment
+        and no profile is set (node/fastdds.py): otherwise they arrive ~10 ms late, silently."""
+        from rclpy.utilities import get_rmw_implementation_identifier
+
+        from flashrt_ros.node.fastdds import installed_profile, large_image_hint
+
+        sizes = {c.name: int(np.prod(c.shape)) for c in self.cams if not c.compressed}
+        rmw = get_rmw_implementation_identifier()
+        hint = large_image_hint(sizes, os.environ, rmw, installed_profile())
+        if hint:
+            node.get_logger().warning(hint)
 
     def raw_subs(self) -> list:
         """The subscriptions of the uncompressed cameras (taken by the inputs' loop or the

@@ -428,12 +428,18 @@ def measure_window(cl: Client, rate: float, seconds: float, pid: int | None = No
     return row
 
 
-def lockstep(cl: Client, n: int, publish, warm: int = 50) -> tuple[list, list]:
+def lockstep(cl: Client, n: int, publish, warm: int = 50, period: float = 0.0) -> tuple[list, list]:
     """Publish one message, wait for its reply, n times (after `warm` untimed ones): the
     latencies in us, in the client callback (cb) and from the DDS reception stamp (dds).
-    A warm-up message without a reply in 1 s (discovery not finished) is skipped."""
+    A warm-up message without a reply in 1 s (discovery not finished) is skipped. With
+    `period`, each message goes out `period` s after the one before (as a camera's frames
+    do), not as soon as the reply is in."""
     lat_cb, lat_rx = [], []
+    nxt = time.monotonic()
     for k in range(n + warm):
+        if period:
+            cl.spin_for(nxt - time.monotonic())
+            nxt = max(nxt + period, time.monotonic())
         m = len(cl.cmd_cb)
         t_wall = time.time_ns()
         t_mono = time.monotonic_ns()
@@ -1106,7 +1112,8 @@ def run_floor_echo(ros, args, n: int, log_dir: Path) -> dict:
     return out
 
 
-def run_floor_image(ros, args, n: int, log_dir: Path) -> dict:
+def run_floor_image(ros, args, n: int, log_dir: Path, rate: float = 0.0) -> dict:
+    """The image echo in lockstep, or with `rate`, one image every 1/rate s (a camera's pace)."""
     from sensor_msgs.msg import Image
 
     from bench.ros_floors import launch_floor
@@ -1119,7 +1126,9 @@ def run_floor_image(ros, args, n: int, log_dir: Path) -> dict:
     try:
         cl.wait_subscribed(pub=pub)
         cl.wait_replier()
-        lat_cb, lat_rx = lockstep(cl, n, lambda _k: pub.publish(msg))
+        lat_cb, lat_rx = lockstep(
+            cl, n, lambda _k: pub.publish(msg), 20 if rate else 50, 1.0 / rate if rate else 0.0
+        )
     finally:
         cl.close()
         with contextlib.suppress(Exception):
@@ -1127,7 +1136,11 @@ def run_floor_image(ros, args, n: int, log_dir: Path) -> dict:
         rc = proc.stop()
     out = {**latency_summary(lat_cb, lat_rx), "bytes": len(msg.data), "encoding": "rgb8 640x480"}
     out["exit_status"] = rc
-    log(f"floor image echo ({n}): p50/p99 {out['p50_us']}/{out['p99_us']} us ({out['basis']})")
+    out["rate_hz"] = rate or None  # None: lockstep, the next image as soon as the reply is in
+    pace = f" at {rate:g} Hz" if rate else ""
+    log(
+        f"floor image echo{pace} ({n}): p50/p99 {out['p50_us']}/{out['p99_us']} us ({out['basis']})"
+    )
     return out
 
 
@@ -1249,6 +1262,7 @@ def headline(
         "unfused_start_s": dig(starts.get("unfused"), "first_command_s"),
         "node_cpu_pct_500hz": dig(r500, "cpu_pct"),
         "floor_image_echo_p50_us": dig(fi, "p50_us"),
+        "floor_image_echo_30hz_p50_us": dig(floors, "image_echo_30hz", "p50_us"),
         "obs_to_action_p99_us": obs["obs_to_action_p99_us"] if obs else None,
         "overruns_1khz_window_s": dig(r1k, "seconds"),
         "client_jitter_p99_us": dig(r500, "period_jitter_p99_us"),
@@ -1353,6 +1367,13 @@ def main() -> int:
     )
     ap.add_argument("--no-floors", action="store_true", help="skip the bare-rclpy floors")
     ap.add_argument(
+        "--no-camera-intake",
+        dest="camera_intake",
+        action="store_false",
+        help="skip the camera intake (bench/camera_intake.py: two images into a node that "
+        "never steps, and into a bare rclpy process, at most 200 pairs each)",
+    )
+    ap.add_argument(
         "--camera-policy",
         default=CAMERA_PROBE,
         help="policy of the camera scenario (2 x 640x480 rgb8 cameras top, wrist); the default "
@@ -1370,11 +1391,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--camera-step-on",
-        choices=("joint_states", "cameras", "both"),
+        choices=("joint_states", "cameras", "both", "none"),
         default="both",
         help="the camera scenario's node steps on each joint_states (the node's default), on "
         "each pair of camera frames (step_on: [top, wrist]), or both, one after the other "
-        "(default; the joint_states one is 'camera', the other 'camera_frames')",
+        "(default; the joint_states one is 'camera', the other 'camera_frames'); none: only "
+        "the camera intake",
     )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
@@ -1499,7 +1521,7 @@ def main() -> int:
             )  # fmt: skip
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
-    cam = cam_frames = None
+    cam = cam_frames = intake = None
     cam_profile = None if args.camera_fastdds_profile == "none" else args.camera_fastdds_profile
 
     @contextlib.contextmanager
@@ -1526,6 +1548,15 @@ def main() -> int:
                 cam_frames = attempt(
                     "camera frames", run_camera, args, n_pairs, 20, 1.0, CAMERA_JS_HZ, "cameras"
                 )
+            if args.camera_intake:  # the images' way in alone, node and bare floor
+                from bench.camera_intake import run_camera_intake, run_floor_camera_intake
+
+                n_in = min(n_pairs, 200)
+                intake = attempt("camera intake", run_camera_intake, args, n_in, log_dir)
+                if not args.no_floors:
+                    r = attempt("floor camera intake", run_floor_camera_intake, args, n_in, log_dir)
+                    if r is not None:
+                        floors["camera_intake"] = r
 
     if not args.no_floors:
         for key, fn, a in (
@@ -1534,18 +1565,19 @@ def main() -> int:
             ("timer_500", run_floor_timer, (args, 500.0, args.seconds, log_dir)),
             ("timer_1000", run_floor_timer, (args, 1000.0, args.seconds, log_dir)),
             ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
+            ("image_echo_30hz", run_floor_image, (args, 200, log_dir, CAMERA_HZ)),
         ):
             if (
                 not full
                 and key
                 not in {
-                    "camera": ("image_echo",),
+                    "camera": ("image_echo", "image_echo_30hz"),
                     "timer": ("timer_500", "timer_1000"),
                     "services": ("service",),
                 }.get(args.only, ())  # start: its floor is one of the starts
             ):
                 continue
-            with camera_dds() if key == "image_echo" else contextlib.nullcontext():
+            with camera_dds() if key.startswith("image_echo") else contextlib.nullcontext():
                 r = attempt(f"floor {key}", fn, *a)
                 if r is None:  # once more, a new process in a new domain: a floor is a baseline
                     # (a ListCapsules floor after an --only services node never answered: 0809464)
@@ -1570,6 +1602,7 @@ def main() -> int:
         "camera_frames_to_action_p50_us": dig(cam_frames, "camera_to_action_p50_us"),
         "camera_frames_to_action_p99_us": dig(cam_frames, "camera_to_action_p99_us"),
         "camera_frames": with_image_floor(cam_frames, floors, args.camera_compressed),
+        "camera_intake": with_intake_floor(intake, floors),
         "floors": floors,
         "start": starts,
         "flight_1khz": flight,
@@ -1605,9 +1638,22 @@ def with_image_floor(cam: dict | None, floors: dict, compressed: bool) -> dict |
     compressed frames: the floor carries raw images)."""
     if cam is None:
         return None
+    ours = cam["camera_to_action_p50_us"]
     floor = dig(floors.get("image_echo"), "p50_us")
-    vs = None if compressed else versus(cam["camera_to_action_p50_us"], floor)
-    return {**cam, "vs_floor_image_echo_p50_us": vs}
+    paced = dig(floors.get("image_echo_30hz"), "p50_us")
+    return {
+        **cam,
+        "vs_floor_image_echo_p50_us": None if compressed else versus(ours, floor),
+        "vs_floor_image_echo_30hz_p50_us": None if compressed else versus(ours, paced),
+    }
+
+
+def with_intake_floor(intake: dict | None, floors: dict) -> dict | None:
+    """camera_intake.py's node figure beside its bare floor from the same run."""
+    if intake is None:
+        return None
+    floor = dig(floors.get("camera_intake"), "p50_us")
+    return {**intake, "vs_floor_camera_intake_p50_us": versus(intake["p50_us"], floor)}
 
 
 def print_table(r: dict) -> None:
@@ -1656,6 +1702,10 @@ def print_table(r: dict) -> None:
         print(f"| {k} | {v['ours']} | {v['floor']} | {v['ours_minus_floor']} |")
     if "image_echo" in r["floors"]:
         print(f"| image_echo_p50_us (640x480 rgb8) | - | {r['floor_image_echo_p50_us']} | - |")
+    if r.get("camera_intake"):
+        v = r["camera_intake"]["vs_floor_camera_intake_p50_us"]
+        print(f"| camera_intake_p50_us (2 images in) | {v['ours']} | {v['floor']} | "
+              f"{v['ours_minus_floor']} |")  # fmt: skip
     keys = (
         "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
         "floor_service_p50_us floor_jitter_p99_us node_step_p50_us overruns_1khz_60s "

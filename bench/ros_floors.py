@@ -16,6 +16,10 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
                                              #   instead of sleeping, as the node's busy_wait
     python bench/ros_floors.py image         # image_raw (sensor_msgs/Image) -> image_echo, the
                                              #   same message object published back as-is
+    python bench/ros_floors.py cameras       # camera/{top,wrist}/image_raw taken serialized, as
+                                             #   the node takes them, each image acknowledged on
+                                             #   a latched ~/camera_seen as the node does
+                                             #   (camera_intake.py)
     python bench/ros_floors.py start [DEVICE]  # start-up: rclpy, then import torch and one
                                              #   tensor on DEVICE (cuda), then joint_states ->
                                              #   commands through that device: what any node
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +201,24 @@ def floor_main(
 
         pub = node.create_publisher(Image, "image_echo", 10)
         node.create_subscription(Image, "image_raw", pub.publish, 10)
+    elif kind == "cameras":  # camera_intake.py: two cameras taken serialized, each acknowledged
+        from rclpy.qos import QoSDurabilityPolicy, QoSProfile
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import UInt64MultiArray
+
+        latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+        seen_pub = node.create_publisher(UInt64MultiArray, "~/camera_seen", latched)
+        counts = [0, 0]  # per camera: the node's (received, accepted) pairs, both the same here
+
+        def on_image(i: int, raw: bytes) -> None:
+            counts[i] += 1
+            seen_pub.publish(UInt64MultiArray(data=[v for c in counts for v in (c, c)]))
+
+        for i, cam in enumerate(("top", "wrist")):
+            node.create_subscription(
+                Image, f"camera/{cam}/image_raw", partial(on_image, i), 10, raw=True
+            )
+        seen_pub.publish(UInt64MultiArray(data=[0, 0, 0, 0]))
     elif kind == "service":
         from flashrt_ros.srv import ListCapsules
 

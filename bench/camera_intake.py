@@ -106,21 +106,19 @@ def intake_latencies(ros, proc, n: int, warm: int = 20, timeout: float = 2.0) ->
 
 def run_camera_intake(ros, args, n: int, log_dir: Path) -> dict:
     """`node` above: flashrt_node with the probe policy, never stepping."""
-    import os
+    from bench.ros_bench import (
+        CAMERA_PROBE,
+        CAMERAS,
+        log,
+        node_params,
+        repo_importable,
+        start_node,
+    )
 
-    from bench.ros_bench import CAMERA_PROBE, CAMERAS, ROOT, log, node_params, start_node
-
-    old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
-    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
-    try:
+    with repo_importable():
         params = node_params(args, trigger="observation", cameras=list(CAMERAS))
         params["policy"] = CAMERA_PROBE
         proc, _ = start_node(ros, params, args.startup_timeout)
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
     try:
         out = intake_latencies(ros, proc, n)
     finally:

@@ -648,6 +648,20 @@ CAMERA_HZ = 30.0
 CAMERA_JS_HZ = 500.0
 
 
+@contextlib.contextmanager
+def repo_importable():
+    """This repository first on PYTHONPATH while nodes start (they import bench's policies)."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 def camera_probe_policy(height: int = 480, width: int = 640):
     """A LeRobot-shaped policy over two rgb8 cameras (top, wrist) whose action tells which
     images it stepped on: joints 1 and 2 of the action are top[0, 0, R] and wrist[0, 0, R] in
@@ -831,9 +845,7 @@ def run_camera(
         for v in range(1, 251):
             make_pair(v)
     cams = [f"{c}:compressed" for c in CAMERAS] if compressed else list(CAMERAS)
-    old = os.environ.get("PYTHONPATH")  # the node imports the probe policy from this repository
-    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
-    try:
+    with repo_importable():  # the node imports the probe policy from this repository
         params = node_params(
             args,
             trigger="observation",
@@ -842,11 +854,6 @@ def run_camera(
             step_on=list(CAMERAS) if step_on == "cameras" else ["joint_states"],
         )
         proc, startup = start_node(ros, params, args.startup_timeout)
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
     from sensor_msgs.msg import CompressedImage, Image
 
     cl = Client(ros, proc)

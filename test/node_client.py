@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile
@@ -16,6 +21,29 @@ JOINTS = [f"joint{i}" for i in range(1, 7)]
 def joint_state(obs, names=JOINTS) -> JointState:
     obs = np.asarray(obs, dtype=float)
     return JointState(name=list(names), position=obs[:6].tolist(), velocity=obs[6:].tolist())
+
+
+@contextlib.contextmanager
+def feeding(c: NodeClient, obs: np.ndarray, hz: float = 100.0) -> Iterator[list]:
+    """The rows of `obs` in turn at `hz` from a thread, as a robot streams joint_states, for as
+    long as the block runs; an observation put in `box[0]` replaces the next one, once."""
+    stop, box = threading.Event(), [None]
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            row, box[0] = (box[0], None) if box[0] is not None else (obs[i % len(obs)], None)
+            c.publish(row)
+            i += 1
+            time.sleep(1.0 / hz)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        yield box
+    finally:
+        stop.set()
+        t.join()
 
 
 class NodeClient:

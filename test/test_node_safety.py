@@ -8,8 +8,6 @@ observation value exceeds 500 (below the default obs_limit of 1000, so the input
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 
 import numpy as np
@@ -20,7 +18,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import srv
 from test.engine_util import make_engine, observations
-from test.node_client import JOINTS, NodeClient
+from test.node_client import JOINTS, NodeClient, feeding
 from test.ros_helpers import importable_tests
 
 POLICY = "test.nan_policy:nan_above"
@@ -164,31 +162,9 @@ def timer_node(ros_module):
     return c
 
 
-@contextlib.contextmanager
-def feeding(c: NodeClient, hz: float = 100.0):
-    """Observations at `hz` from a thread; `box[0]` replaces the next one once."""
-    stop, box = threading.Event(), [None]
-
-    def feed() -> None:
-        i = 0
-        while not stop.is_set():
-            obs, box[0] = (box[0], None) if box[0] is not None else (OBS[i % len(OBS)], None)
-            c.publish(obs)
-            i += 1
-            time.sleep(1.0 / hz)
-
-    t = threading.Thread(target=feed, daemon=True)
-    t.start()
-    try:
-        yield box
-    finally:
-        stop.set()
-        t.join()
-
-
 def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
     c = timer_node
-    with feeding(c) as box:
+    with feeding(c, OBS) as box:
         assert c.ros.spin_until(lambda: len(c.commands) > 20, 10)
         box[0] = poisoning(OBS[0])
         d = c.wait_diag(lambda d: d["_level"] == ERROR and d["poisoned_session"] == "main")
@@ -213,7 +189,7 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     req.n_steps = steps
     client = ros.client(srv.Rollout, c.proc.service("rollout"))
     assert client.wait_for_service(timeout_sec=10)
-    with feeding(c):
+    with feeding(c, OBS):
         assert ros.spin_until(lambda: len(c.commands) > 50, 10)
         n_base, t_base = len(c.commands), time.monotonic()
         ros.spin_for(1.5)  # the rate this (shared, noisy) machine gives without a rollout

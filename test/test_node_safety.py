@@ -211,6 +211,9 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     # the loop comes first: on a machine so loaded that no step fits between the ticks for 10 s,
     # the rollout is refused (CapacityError) rather than the loop slowed down
     assert (r.success and len(r.actions) == steps * 6) or "no room" in r.message, r.message
+    if r.success:  # the log says what happened, after the reply
+        said = f"rollout: {steps} steps on a scratch fork in "
+        assert ros.spin_until(lambda: said in c.proc.log_tail(400), 5), c.proc.log_tail()
     assert listed.live_session == "main"
     rate = (n1 - n0) / (t1 - t0 + 0.3)
     # the defect: 7-13 commands a second of 200; half the rate measured just before is generous

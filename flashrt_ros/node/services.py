@@ -308,6 +308,7 @@ class CapsuleServices:
         resp.message = f"{n} steps on " + (
             "a scratch fork" if not req.commit else f"{req.session!r} (committed)"
         )
+        self.ctl.say(f"rollout: {resp.message} in {time.perf_counter() - t0:.2f} s")
         return resp
 
     def _check_sizes(self, eng, req) -> int:

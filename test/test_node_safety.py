@@ -218,3 +218,26 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     rate = (n1 - n0) / (t1 - t0 + 0.3)
     # the defect: 7-13 commands a second of 200; half the rate measured just before is generous
     assert t1 - t0 > 1.0 and rate >= 0.5 * min(RATE, baseline), (rate, baseline, t1 - t0)
+
+
+def test_ctrl_c_during_a_rollout_ends_the_node_cleanly(ros):
+    """SIGINT while a rollout runs: the rollout stops at its next step and says so, and the
+    node exits 0 (it aborted with "terminate called without an active exception", exit -6,
+    when the process ended with the rollout thread still inside a step)."""
+    proc = ros.start_node({"trigger": "timer", "rate_hz": RATE}, namespace="stopping")
+    c = NodeClient(ros, proc)
+    steps = 5000  # far more than fit in the second before the stop
+    req = srv.Rollout.Request(observations=OBS[np.arange(steps) % len(OBS)].ravel().tolist())
+    req.n_steps = steps
+    client = ros.client(srv.Rollout, proc.service("rollout"))
+    assert client.wait_for_service(timeout_sec=10)
+    with feeding(c, OBS):
+        assert ros.spin_until(lambda: len(c.commands) > 20, 10)
+        fut = client.call_async(req)
+        ros.spin_for(1.0)
+        assert not fut.done(), f"the rollout ended before the stop: {fut.result().message}"
+        rc = proc.stop()
+    log = proc.log_tail(50)
+    assert rc == 0, log
+    assert "terminate called" not in log
+    assert "rollout: the node is shutting down: stopped after " in log, log

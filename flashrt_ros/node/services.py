@@ -133,6 +133,11 @@ class CapsuleServices:
         # Rollouts run one at a time on their own thread; the guard wakes the service loop when
         # one is done, so it resumes the awaiting service callback.
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # set by close(): a rollout in progress stops at its next step, so the process never
+        # ends with this thread inside torch (a daemon thread still running native code at
+        # interpreter exit aborted the node: "terminate called without an active exception")
+        self._closing = threading.Event()
+        self._stopped = ""  # what close() stopped, for its log line
         self._worker = threading.Thread(
             target=self._work_forever, name="flashrt-rollout", daemon=True
         )
@@ -187,10 +192,17 @@ class CapsuleServices:
         with st.lock:
             st.lock_wait_us.add(waited * 1e6)
 
-    def close(self) -> None:
-        """Write what is held and end the rollout thread."""
-        self.ctl.write_said()
+    def close(self, timeout: float = 5.0) -> None:
+        """End the rollout thread (a rollout in progress stops at its next step and is
+        answered with why) and write what is held."""
+        self._closing.set()
         self._jobs.put(None)
+        self._worker.join(timeout=timeout)
+        if self._worker.is_alive():
+            self.ctl.log.warning(f"the rollout thread is still in a step after {timeout:g} s")
+        elif self._stopped:
+            self.ctl.log.warning(self._stopped)
+        self.ctl.write_said()
 
     # -- handlers ----------------------------------------------------------------------------------
     def checkpoint(self, req, resp):
@@ -343,7 +355,11 @@ class CapsuleServices:
             try:
                 done.set_result(self._run_rollout(eng, req, n))
             except Exception as e:
-                done.set_exception(e)
+                if self._closing.is_set():  # nobody serves the reply now: close() says it
+                    self._stopped = f"rollout: {e}"
+                    done.cancel()
+                else:
+                    done.set_exception(e)
             try:
                 self._wake.trigger()
             except Exception:  # the node is being destroyed: nobody awaits the reply
@@ -362,6 +378,8 @@ class CapsuleServices:
         cost = FIRST_STEP_COST_S
         actions = np.empty((n, eng.action_dim))
         for i in range(n):
+            if self._closing.is_set():
+                raise BadRequest(f"the node is shutting down: stopped after {i} of {n} steps")
             with ctl.lock.background(cost):
                 self._same_engine(eng)
                 if target == ctl.live:

@@ -18,7 +18,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from flashrt_ros.node.fastdds import PROFILE_FILE, PROFILE_VAR, fastdds_env
+from flashrt_ros.node.fastdds import PROFILE_VAR, fastdds_env, installed_profile
 from flashrt_ros.node.params import NODE_PARAMS
 
 
@@ -27,11 +27,10 @@ def _override(name: str) -> str:
 
 
 def _node(context):
-    share = get_package_share_directory("flashrt_ros")
     env = fastdds_env(
         LaunchConfiguration("fastdds_profile").perform(context),
         dict(os.environ),
-        os.path.join(share, "config", PROFILE_FILE),
+        installed_profile(),
     )
     overrides = {
         key: LaunchConfiguration(key).perform(context)

@@ -193,8 +193,8 @@ class CapsuleServices:
             st.lock_wait_us.add(waited * 1e6)
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the rollout thread (a rollout in progress stops at its next step and is
-        answered with why) and write what is held."""
+        """End the rollout thread (a rollout in progress stops at its next step; nobody
+        serves its reply now, so the log says where it stopped) and write what is held."""
         self._closing.set()
         self._jobs.put(None)
         self._worker.join(timeout=timeout)

@@ -203,7 +203,9 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
         # the defect: 5-6 s behind a rollout; a generous bound for a loaded 2-core machine
         assert t_list < 2.0, f"list_capsules waited {t_list:.2f} s for the rollout"
         assert not fut.done(), "pick more steps: the rollout ended before the measurement"
-        assert ros.spin_until(fut.done, 60), "rollout did not finish"
+        # the rollout steps only in the loop's slack: on a loaded 2-core machine it was seen at
+        # ~8 steps a second (582 of 1000 after 68 s, its log said), still going, not refused
+        assert ros.spin_until(fut.done, 180), "rollout did not finish"
         t1 = time.monotonic()
         ros.spin_for(0.3)  # the commands of the window still in flight
         n1 = len(c.commands)

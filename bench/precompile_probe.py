@@ -52,6 +52,8 @@ phase = {phase!r}
 path = {path!r}
 t = time.perf_counter()
 if phase == "compile":
+    if hasattr(torch._dynamo.config, "enable_aot_compile"):  # off by default in torch 2.11
+        torch._dynamo.config.enable_aot_compile = True
     with torch.no_grad():
         fn = torch.compile(S.arena_step, fullgraph=True, dynamic=False).aot_compile((args, {{}}))
     out["aot_compile_s"] = round(time.perf_counter() - t, 3)

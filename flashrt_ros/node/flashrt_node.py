@@ -252,6 +252,11 @@ class FlashrtNode(LifecycleNode):
             + f"; compile cache {engine.compile_cache or 'torch default'}"
             + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
         )
+        if engine.precompiled is not None:
+            self.get_logger().info(
+                f"precompiled steps in {engine.precompiled.folder}: "
+                + "; ".join(engine.precompiled.events)
+            )
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.
         gc.collect()

@@ -709,9 +709,10 @@ NODE_PARAMS = ParamTable(
             "compile_cache_dir",
             "~/.cache/flashrt_ros/compile",
             "string",
-            "inductor's and Triton's kernel caches go to <this>/<engine fingerprint>, so a warm "
-            "start reuses compiled kernels and another policy or weights never meets them "
-            "('' = torch's defaults)",
+            "inductor's and Triton's kernel caches, and the fused step compiled ahead of time, "
+            "go to <this>/<engine fingerprint>, so a warm start loads the compiled step and "
+            "another policy, weights or code never meets it ('' = torch's defaults, and no step "
+            "saved)",
         ),
         Param(
             "fuse",

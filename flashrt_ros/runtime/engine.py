@@ -50,6 +50,7 @@ from flashrt_ros.runtime.inputs import (
     vector,
     wire_shape,
 )
+from flashrt_ros.runtime.precompiled import PrecompiledSteps, step_key
 from flashrt_ros.runtime.probe import CheckpointProbe
 from flashrt_ros.runtime.session import Session, engine_entries
 
@@ -167,7 +168,9 @@ class Engine:
         converts each to the policy's RGB float layout, so the host only copies the bytes.
         `compile_cache_dir` (None: torch's defaults) points inductor's and Triton's on-disk caches
         at `<compile_cache_dir>/<fingerprint>` before anything is compiled, so a warm start
-        reuses the kernels of this policy, weights and layout only, never a stale artifact.
+        reuses the kernels of this policy, weights and layout only, never a stale artifact; a
+        fused step is then also compiled ahead of time and saved there (precompiled.py), and
+        a warm start loads it instead of compiling it again (`precompiled.events` says which).
         Every argument is checked before anything is allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
@@ -205,9 +208,9 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if on_cuda else None
         self._done = torch.cuda.Event() if on_cuda else None
-        if fuse is None:
-            fuse = use_graph and getattr(policy, "fuse_default", True)
-        self.fuse = bool(fuse and on_cuda)
+        if fuse is None:  # by default only on CUDA: inductor's CPU code compiles slowly
+            fuse = use_graph and on_cuda and getattr(policy, "fuse_default", True)
+        self.fuse = bool(fuse)
         # A policy may compile parts of itself instead (Policy.compile_parts): the step is then
         # captured around them, not compiled whole.
         self._fuse_step = self.fuse and not policy.compile_parts()
@@ -218,6 +221,11 @@ class Engine:
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
         self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
+        # a fused step is compiled ahead of time and kept beside inductor's caches
+        self.precompiled = None
+        if self._fuse_step and self.compile_cache is not None:
+            key = step_key(self.fingerprint, policy, self.device)
+            self.precompiled = PrecompiledSteps(self.compile_cache, key)
         self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log
         t_build = time.perf_counter()
         try:
@@ -316,6 +324,7 @@ class Engine:
             self._fuse_step,
             ticks,
             self.encodings,
+            self.precompiled,
         )
         self._sessions[name] = s
         return s

@@ -12,6 +12,7 @@ from flashrt_ros.runtime.arena import Arena
 from flashrt_ros.runtime.flight import FlightRing, record
 from flashrt_ros.runtime.graph import StepPlan
 from flashrt_ros.runtime.inputs import InputBuffers, policy_inputs
+from flashrt_ros.runtime.precompiled import PrecompiledSteps
 
 
 def raw_step(policy: Policy, obs, views, action, chunk, kind: int = 0) -> None:
@@ -90,10 +91,13 @@ class Session:
         fuse: bool = False,
         flight_ticks: int = 0,
         encodings: dict[str, str] | None = None,
+        precompiled: PrecompiledSteps | None = None,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
-        `encodings` maps each image input to its camera encoding (inputs.resolve_encodings)."""
+        `encodings` maps each image input to its camera encoding (inputs.resolve_encodings).
+        With `fuse`, `precompiled` (precompiled.py) loads or compiles-and-saves each tick kind's
+        fused step ahead of time instead of torch.compile's tracing on first call."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -127,7 +131,7 @@ class Session:
             for e, r in zip(spec, self.arena.rows, strict=True)
         )
         self.table = table
-        fused = fused_step() if fuse else None
+        fused = (precompiled or fused_step()) if fuse else None
         self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
         ring = self.flight.words if self.flight is not None else None
         # On CUDA the ring write is our own kernel (cuda/ring.py), launched in the step graph
@@ -180,6 +184,9 @@ class Session:
         own_ring = ring if ring is not None and self.ring_kernel else None
         ring = None if own_ring is not None else ring  # what the step function records itself
         step = views["step"]
+        args = (policy, buf, obs, action, chunk, table, ring, kind, conv)
+        if isinstance(fused, PrecompiledSteps):
+            fused = fused.step(arena_step, args)
 
         def step_fn() -> None:
             if own_ring is not None:
@@ -188,7 +195,7 @@ class Session:
 
         def policy_step_fn() -> None:
             if fused is not None:
-                fused(policy, buf, obs, action, chunk, table, ring, kind, conv)
+                fused(*args)
             else:
                 if ring is not None:
                     record(ring, buf, step)

@@ -1,0 +1,134 @@
+"""The fused step compiled ahead of time (runtime/precompiled.py): a warm start loads it and
+steps bit for bit like the process that compiled it; a tampered or stale artifact is never used;
+other weights or other policy code never meet it. Each engine lives in its own process, as a
+node's start does (fuse=True on the CPU: inductor's C++ kernels, ~20 s to compile here)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros.runtime.arena import fingerprint
+from flashrt_ros.runtime.precompiled import step_key
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {here!r})
+from flashrt_ros import Engine
+from tiny_policy import tiny
+eng = Engine(tiny(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+acts = [eng.step(np.linspace(-1, 1, eng.obs_dim).astype(np.float32) * i) for i in range(6)]
+np.save({out!r}, np.stack(acts))
+print("EVENTS " + json.dumps({{"folder": str(eng.precompiled.folder),
+                              "events": eng.precompiled.events}}))
+"""
+
+
+def engine_run(cache: Path, out: Path) -> dict:
+    code = CHILD.format(here=str(HERE), cache=str(cache), out=str(out))
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=os.environ
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1]
+    return {**json.loads(line[7:]), "log": p.stderr}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("compile_cache")
+    ref = cache.parent / "ref.npy"
+    first = engine_run(cache, ref)
+    return cache, ref, first
+
+
+def test_a_warm_start_loads_the_step_and_steps_bit_for_bit(compiled, tmp_path):
+    cache, ref, first = compiled
+    (ev,) = first["events"]
+    assert ": compiled in " in ev and "saved to" in ev, ev
+    files = sorted(p.name for p in Path(first["folder"]).iterdir())
+    assert [f for f in files if not f.startswith(".")] == [
+        ev.split(":")[0] + ".bin",
+        ev.split(":")[0] + ".json",
+    ]
+    again = engine_run(cache, tmp_path / "warm.npy")
+    (ev2,) = again["events"]
+    assert ": loaded in " in ev2, ev2
+    assert np.array_equal(np.load(tmp_path / "warm.npy"), np.load(ref))
+
+
+def test_a_tampered_artifact_is_not_used_and_is_compiled_again(compiled, tmp_path):
+    cache, ref, first = compiled
+    folder = Path(first["folder"])
+    name = first["events"][0].split(":")[0]
+    meta = folder / f"{name}.json"
+    good = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**good, "check": "0" * 64}))  # as if other kernels were saved
+    run = engine_run(cache, tmp_path / "a.npy")
+    refused, again = run["events"]
+    assert "not used (its check step gives other bytes" in refused, refused
+    assert ": compiled in " in again and "saved to" in again, again
+    assert "not used" in run["log"]
+    assert json.loads(meta.read_text())["check"] == good["check"]  # saved again, right
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(ref))
+    # a file that does not load at all: the same
+    (folder / f"{name}.bin").write_bytes(b"not a compiled function")
+    run = engine_run(cache, tmp_path / "b.npy")
+    assert "not used (" in run["events"][0] and ": compiled in " in run["events"][1]
+    assert np.array_equal(np.load(tmp_path / "b.npy"), np.load(ref))
+    assert ": loaded in " in engine_run(cache, tmp_path / "c.npy")["events"][0]
+
+
+POLICY_SRC = """
+import torch
+from flashrt_ros.policies.base import Policy, StateEntry
+
+class UserPolicy(Policy):
+    policy_id = "test:user"
+    obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
+
+    def state_spec(self):
+        return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
+
+    def step(self, obs, state, action, chunk):
+        state["acc"].add_(obs * SCALE)
+        action.copy_(state["acc"])
+        chunk.copy_(action[:, None])
+
+SCALE = {scale}
+"""
+
+
+def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeypatch):
+    """The key covers what the engine fingerprint does not: the code that is compiled. A user
+    policy whose source changes (same policy_id, same weights) must not load the old step."""
+    sys.path.insert(0, str(HERE))
+    from tiny_policy import tiny
+
+    cpu = torch.device("cpu")
+
+    def key(p) -> str:
+        fp = fingerprint(p.policy_id, p.weights_digest(), [], "cpu")
+        return step_key(fp, p, cpu)
+
+    assert key(tiny(0.5)) == key(tiny(0.5))
+    assert key(tiny(0.5)) != key(tiny(0.25))  # other weights
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = tmp_path / "user_policy_mod.py"
+    mod.write_text(POLICY_SRC.format(scale=1.0))
+    m = importlib.import_module("user_policy_mod")
+    k1 = key(m.UserPolicy())
+    mod.write_text(POLICY_SRC.format(scale=2.0))
+    m = importlib.reload(m)
+    assert key(m.UserPolicy()) != k1

@@ -12,6 +12,8 @@ With --spin-variants (e.g. 0.002,1.0) every tick is timed whole instead, in roun
 runtime/engine.py's SPIN_WAIT_S (how long a step's wait polls before it blocks) on the same
 engine, and the queue ticks are grouped by how many ticks after an infer tick they come: it tells
 whether the queue ticks' tail is the first ones after a long (blocking) infer wait.
+--warm-variants (e.g. none,check,check+upload) does the same for WARM_NEXT: what an infer tick
+does for the next tick while the device runs it (Engine._warm).
 """
 
 from __future__ import annotations
@@ -41,19 +43,22 @@ def pct(a: list[float]) -> dict:
     }
 
 
-def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: int) -> dict:
-    """Whole-tick times per SPIN_WAIT_S value, the queue ticks by their distance from the last
-    infer tick (1 = right after it); rounds alternate the values on one engine."""
+def by_position(
+    eng: Engine, obs: list, attr: str, values: dict[str, object], rounds: int, ticks: int
+) -> dict:
+    """Whole-tick times per value of runtime/engine.py's `attr` (SPIN_WAIT_S or WARM_NEXT),
+    the queue ticks by their distance from the last infer tick (1 = right after it); rounds
+    alternate the values on one engine."""
     import flashrt_ros.runtime.engine as engine_mod
 
-    keep = engine_mod.SPIN_WAIT_S
-    got: dict[float, dict[str, list[float]]] = {v: {} for v in spins}
+    keep = getattr(engine_mod, attr)
+    got: dict[str, dict[str, list[float]]] = {v: {} for v in values}
     gc.collect()
     gc.freeze()
     try:
         for _ in range(rounds):
-            for v in spins:
-                engine_mod.SPIN_WAIT_S = v
+            for label, v in values.items():
+                setattr(engine_mod, attr, v)
                 since = None
                 for i in range(ticks):
                     kind = eng.next_tick_kind()
@@ -65,17 +70,17 @@ def by_position(eng: Engine, obs: list, spins: list[float], rounds: int, ticks: 
                         continue
                     if kind == "queue":
                         since = None if since is None else since + 1
-                        got[v].setdefault("queue", []).append(dt)
+                        got[label].setdefault("queue", []).append(dt)
                         if since is None:  # no infer tick seen yet in this round
                             continue
                         key = f"queue+{since}"
                     else:
                         since, key = 0, kind
-                    got[v].setdefault(key, []).append(dt)
+                    got[label].setdefault(key, []).append(dt)
     finally:
-        engine_mod.SPIN_WAIT_S = keep
+        setattr(engine_mod, attr, keep)
         gc.unfreeze()
-    return {str(v): {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
+    return {v: {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
 
 
 def timed_tick(eng: Engine, s, k: int, o, variant: str = "normal") -> list[float]:
@@ -148,7 +153,13 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="a new copy of the images each tick")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--spin-variants", default="", help="SPIN_WAIT_S values, comma-separated")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of each --spin-variants value")
+    ap.add_argument(
+        "--warm-variants",
+        default="",
+        help="runtime/engine.py WARM_NEXT values, comma-separated, each none or words joined "
+        "by + (e.g. none,check,upload,check+upload)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each variant value")
     ap.add_argument(
         "--post-infer",
         default="",
@@ -169,9 +180,17 @@ def main() -> int:
         report(out, a.out)
         return 0
     if a.spin_variants:
-        spins = [float(x) for x in a.spin_variants.split(",")]
+        spins = {x: float(x) for x in a.spin_variants.split(",")}
         out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "by_spin": {}}
-        out["by_spin"] = by_position(eng, obs, spins, a.rounds, a.ticks)
+        out["by_spin"] = by_position(eng, obs, "SPIN_WAIT_S", spins, a.rounds, a.ticks)
+        report(out, a.out)
+        return 0
+    if a.warm_variants:
+        warms = {
+            x: tuple(w for w in x.split("+") if w != "none") for x in a.warm_variants.split(",")
+        }
+        out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "by_warm": {}}
+        out["by_warm"] = by_position(eng, obs, "WARM_NEXT", warms, a.rounds, a.ticks)
         report(out, a.out)
         return 0
     s = eng.session("main")

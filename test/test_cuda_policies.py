@@ -86,6 +86,22 @@ def test_captured_ticks_match_eager_and_restore_branch_rewind_replay_bitwise(nam
     assert np.array_equal(run(graph, obs[-7:]), got[-7:])
 
 
+def test_warming_the_next_tick_changes_no_action(monkeypatch):
+    """Engine._warm (an infer tick re-checks its observation and uploads the next kind's graph
+    while the device runs): the same actions to the bit with it and without it."""
+    import flashrt_ros.runtime.engine as engine_mod
+
+    got = {}
+    for warm in [("check", "upload"), ()]:
+        monkeypatch.setattr(engine_mod, "WARM_NEXT", warm)
+        eng = Engine(builtin("builtin:diffusion"), device="cuda", seed=1, fuse=False)
+        assert eng.policy.tick_kinds[1] == "queue"
+        assert eng.session("main").plans[1].upload()  # the upload is there to be used
+        got[warm] = run(eng, stream(eng, 24))  # infer, queue and record ticks
+        assert eng._warming
+    assert np.array_equal(got[("check", "upload")], got[()])
+
+
 @pytest.mark.parametrize("top", ["rgb8", "bgr8"])
 @pytest.mark.parametrize("wrist", ["rgb8", "mono8"])
 def test_images_are_uploaded_and_converted_inside_the_graph(top, wrist):

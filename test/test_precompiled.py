@@ -25,9 +25,13 @@ CHILD = """
 import json, sys
 import numpy as np
 sys.path.insert(0, {here!r})
-from flashrt_ros import Engine
+from flashrt_ros import Engine, load_policy
 from tiny_policy import tiny
-eng = Engine(tiny(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+if {device!r} == "cpu":
+    eng = Engine(tiny(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+else:  # the node's default policy, fused by default on CUDA
+    eng = Engine(load_policy("builtin:hybrid"), device={device!r}, compile_cache_dir={cache!r})
+assert eng.fuse and eng.session("main").captured == ({device!r} != "cpu")
 acts = [eng.step(np.linspace(-1, 1, eng.obs_dim).astype(np.float32) * i) for i in range(6)]
 np.save({out!r}, np.stack(acts))
 print("EVENTS " + json.dumps({{"folder": str(eng.precompiled.folder),
@@ -35,8 +39,8 @@ print("EVENTS " + json.dumps({{"folder": str(eng.precompiled.folder),
 """
 
 
-def engine_run(cache: Path, out: Path) -> dict:
-    code = CHILD.format(here=str(HERE), cache=str(cache), out=str(out))
+def engine_run(cache: Path, out: Path, device: str = "cpu") -> dict:
+    code = CHILD.format(here=str(HERE), cache=str(cache), out=str(out), device=device)
     p = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=os.environ
     )
@@ -132,3 +136,14 @@ def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeyp
     mod.write_text(POLICY_SRC.format(scale=2.0))
     m = importlib.reload(m)
     assert key(m.UserPolicy()) != k1
+
+
+@pytest.mark.cuda
+def test_on_cuda_a_warm_start_loads_the_captured_fused_step_bit_for_bit(tmp_path):
+    """The node's case: builtin:hybrid fused on CUDA, compiled and saved by one process, loaded
+    by the next, and captured in its CUDA graph; both step alike to the bit."""
+    first = engine_run(tmp_path / "cache", tmp_path / "a.npy", "cuda")
+    assert [": compiled in " in e for e in first["events"]] == [True], first["events"]
+    again = engine_run(tmp_path / "cache", tmp_path / "b.npy", "cuda")
+    assert [": loaded in " in e for e in again["events"]] == [True], again["events"]
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))

@@ -57,6 +57,10 @@ from flashrt_ros.runtime.session import Session, engine_entries
 log = logging.getLogger(__name__)
 
 SPIN_WAIT_S = 0.002  # a step's wait polls (holding the GIL) up to this long, then blocks
+# What a step that staged inputs does, while the device still runs it, for the next tick when that
+# is of another kind (a chunked policy's queue tick after its infer tick): "check" runs the
+# observation's checks again (pure), "upload" uploads the next kind's graph (Engine._warm).
+WARM_NEXT: tuple[str, ...] = ("check", "upload")
 
 
 SCRATCH = "_scratch"  # the internal what-if session: not listed, not counted in max_sessions
@@ -208,6 +212,7 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if on_cuda else None
         self._done = torch.cuda.Event() if on_cuda else None
+        self._warming = True  # Engine._warm, until it fails once
         if fuse is None:  # by default only on CUDA: inductor's CPU code compiles slowly
             fuse = use_graph and on_cuda and getattr(policy, "fuse_default", True)
         self.fuse = bool(fuse)
@@ -520,7 +525,8 @@ class Engine:
                 plan.replay()
             elif s.io_in_graph:  # the graph uploads the inputs and downloads the outputs itself
                 plan.replay()
-                self._wait()
+                warm = bool(names) and len(s.plans) > 1 and bool(WARM_NEXT) and self._warming
+                self._wait((lambda: self._warm(s, x, kind)) if warm else None)
             else:
                 for n in names:
                     copy_io(s.inputs.dev[n], s.inputs.host[n])
@@ -546,14 +552,36 @@ class Engine:
                 "restored or branched into it, or it is reset"
             )
 
-    def _wait(self) -> None:
+    def _warm(self, s: Session, x, kind: int) -> None:
+        """Host work for the next tick, done while the device runs this one (see WARM_NEXT).
+
+        The first queue tick after an infer tick took twice the others (bench/queue_probe.py):
+        the infer tick's 1.8 MB image copy and long wait leave the host's caches cold for the
+        next tick's checks and graph launch. Running the same checks again and uploading the
+        next graph here, while the device is busy for milliseconds, brings them back."""
+        nxt = self.policy.tick_kind(s.steps + 1)
+        if nxt == kind:
+            return
+        try:
+            if "check" in WARM_NEXT:
+                self._obs(x)
+            if "upload" in WARM_NEXT:
+                s.plans[nxt].upload()
+        except Exception as e:  # noqa: BLE001 - only time is at stake: never fail a step for it
+            self._warming = False
+            log.warning("warming the next tick failed (%s: %s); not trying again", type(e), e)
+
+    def _wait(self, warm=None) -> None:
         """Wait for the stream, first by polling an event while holding the GIL.
 
         Stream.synchronize releases the GIL; in the node, getting it back after a step can take
         a whole switch interval behind rclpy's executor thread, which showed up as publish
         jitter. A step is ~0.1 ms: polling costs one core for that long. Beyond SPIN_WAIT_S
-        (long steps) the wait blocks as usual."""
+        (long steps) the wait blocks as usual. `warm`, when the device is still busy once the
+        event is recorded, is called first (Engine._warm)."""
         self._done.record(self._stream)
+        if warm is not None and not self._done.query():
+            warm()
         t_end = time.perf_counter() + SPIN_WAIT_S
         while not self._done.query():
             if time.perf_counter() > t_end:

@@ -43,6 +43,20 @@ class StepPlan:
         torch.cuda.synchronize(self.device)
         self.graph = graph
 
+    def upload(self) -> bool:
+        """Upload the captured graph to the device on the current stream without running it
+        (cuGraphUpload, ordered after the work already queued there), so its next launch finds
+        the driver's and the device's copies of it ready. False where that is unavailable."""
+        if self.graph is None or not hasattr(self.graph, "raw_cuda_graph_exec"):
+            return False
+        from flashrt_ros.cuda.driver import check, drv, stream
+
+        if drv is None:
+            return False
+        exe = drv.CUgraphExec(self.graph.raw_cuda_graph_exec())
+        check(drv.cuGraphUpload(exe, stream(self.device.index or 0)), "cuGraphUpload")
+        return True
+
     def replay(self) -> None:
         if self.graph is not None:
             self.graph.replay()

@@ -310,13 +310,18 @@ def start_node(ros, params: dict, timeout: float):
     )
     cli = ros.client(srv.ListCapsules, proc.service("list_capsules"))
     left = max(5.0, timeout - (time.monotonic() - t0))
-    try:
-        ros.call(cli, srv.ListCapsules.Request(), timeout=left)
-    except Exception as e:
-        raise RuntimeError(
-            f"{proc} offered services but did not answer ListCapsules in "
-            f"{left:.0f} s ({e!r}); log tail:\n{proc.log_tail()}"
-        ) from e
+    end = time.monotonic() + left
+    while True:  # in short tries: a node that exits (a failed configure) is seen at once
+        try:
+            ros.call(cli, srv.ListCapsules.Request(), timeout=2.0)
+            break
+        except Exception as e:
+            if proc.alive() and time.monotonic() < end:
+                continue
+            why = "exited" if not proc.alive() else f"did not answer ListCapsules in {left:.0f} s"
+            raise RuntimeError(
+                f"{proc} offered services but {why} ({e!r}); log tail:\n{proc.log_tail()}"
+            ) from e
     startup = time.monotonic() - t0
     log(f"node up in {startup:.1f} s ({params})")
     return proc, startup

@@ -94,6 +94,52 @@ def test_a_tampered_artifact_is_not_used_and_is_compiled_again(compiled, tmp_pat
     assert ": loaded in " in engine_run(cache, tmp_path / "c.npy")["events"][0]
 
 
+LOCAL_CHILD = """
+import json, sys
+import numpy as np, torch
+from flashrt_ros import Engine
+from flashrt_ros.policies.base import Policy, StateEntry
+
+def make():
+    class Local(Policy):  # defined in a function: its guards cannot name it in a saved step
+        policy_id = "test:local"
+        obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
+
+        def state_spec(self):
+            return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
+
+        def step(self, obs, state, action, chunk):
+            state["acc"].mul_(0.5).add_(obs)
+            action.copy_(torch.tanh(state["acc"]))
+            chunk.copy_(action[:, None])
+
+    return Local()
+
+fused = Engine(make(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+plain = Engine(make(), device="cpu")
+obs = [[0.1 * i, -0.2 * i] for i in range(5)]
+a = np.array([fused.step(o) for o in obs])
+b = np.array([plain.step(o) for o in obs])
+print("EVENTS " + json.dumps({{"events": fused.precompiled.events,
+                              "max_diff": float(abs(a - b).max())}}))
+"""
+
+
+def test_a_policy_torch_cannot_save_still_runs_compiled_the_usual_way(tmp_path):
+    """A policy class defined inside a function (as a test or a notebook does) cannot be
+    compiled ahead of time; the engine says so and compiles it on first call as before (this
+    failed the node's configure once, on the H200)."""
+    child = tmp_path / "local_child.py"  # a file: the class has source, but a local scope
+    child.write_text(LOCAL_CHILD.format(cache=str(tmp_path / "cache")))
+    p = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
+    (ev,) = got["events"]
+    assert "not compiled ahead of time (TypeError" in ev and "local scope" in ev, ev
+    assert got["max_diff"] < 1e-6
+    assert "not compiled ahead of time" in p.stderr  # logged
+
+
 POLICY_SRC = """
 import torch
 from flashrt_ros.policies.base import Policy, StateEntry
@@ -136,6 +182,10 @@ def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeyp
     mod.write_text(POLICY_SRC.format(scale=2.0))
     m = importlib.reload(m)
     assert key(m.UserPolicy()) != k1
+    # a class with no source file (exec'd, `python -c`, a notebook cell): no key, no artifact
+    scope: dict = {"__name__": "exec_policy"}
+    exec(POLICY_SRC.format(scale=1.0), scope)
+    assert key(scope["UserPolicy"]()) is None
 
 
 @pytest.mark.cuda

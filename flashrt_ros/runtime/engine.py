@@ -230,7 +230,10 @@ class Engine:
         self.precompiled = None
         if self._fuse_step and self.compile_cache is not None:
             key = step_key(self.fingerprint, policy, self.device)
-            self.precompiled = PrecompiledSteps(self.compile_cache, key)
+            if key is None:
+                log.info("a policy class has no source file: its step is not precompiled")
+            else:
+                self.precompiled = PrecompiledSteps(self.compile_cache, key)
         self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log
         t_build = time.perf_counter()
         try:

@@ -37,29 +37,38 @@ FORMAT = 1  # bump when what is saved, or how it is checked, changes
 _PACKAGE = Path(__file__).resolve().parents[1]  # flashrt_ros/
 
 
-def _sources(policy: torch.nn.Module) -> list[Path]:
+def _sources(policy: torch.nn.Module) -> list[Path] | None:
     """This package's Python files, and the files defining the policy's module classes that
-    live outside it and outside torch (a user policy loaded as "package.module:factory")."""
+    live outside it and outside torch (a user policy loaded as "package.module:factory");
+    None when one of those classes has no source file (defined in `python -c` code or a
+    notebook): nothing could tell when its code changed."""
     files = set(_PACKAGE.rglob("*.py"))
     torch_root = Path(torch.__file__).resolve().parent
-    for m in policy.modules():
-        for cls in type(m).__mro__:
-            try:
-                f = inspect.getsourcefile(cls)
-            except TypeError:  # builtins
-                continue
-            if f is None:
-                continue
-            p = Path(f).resolve()
-            if torch_root not in p.parents and p.suffix == ".py":
-                files.add(p)
+    classes = {cls for m in policy.modules() for cls in type(m).__mro__}
+    for cls in sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+        if cls is object or cls.__module__.split(".")[0] == "torch":
+            continue
+        try:
+            inspect.getsource(cls)  # the definition is really in that file
+            f = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            f = None
+        p = Path(f).resolve() if f else None
+        if p is None or not p.is_file():
+            return None
+        if torch_root not in p.parents:
+            files.add(p)
     return sorted(files)
 
 
-def step_key(fingerprint: str, policy: torch.nn.Module, device: torch.device) -> str:
-    """The folder name of a policy's compiled steps on this machine (see the module's doc)."""
+def step_key(fingerprint: str, policy: torch.nn.Module, device: torch.device) -> str | None:
+    """The folder name of a policy's compiled steps on this machine (see the module's doc);
+    None when the policy's code cannot be read (nothing is then saved or loaded)."""
+    sources = _sources(policy)
+    if sources is None:
+        return None
     h = hashlib.sha256()
-    for f in _sources(policy):
+    for f in sources:
         h.update(str(f).encode())
         h.update(f.read_bytes())
     dev = torch.device(device)
@@ -143,16 +152,24 @@ class PrecompiledSteps:
         self.events: list[str] = []
         self._fns: dict[str, Callable] = {}
 
-    def step(self, fn: Callable, args: tuple) -> Callable:
+    def step(self, fn: Callable, args: tuple, fallback: Callable) -> Callable:
         """`fn` compiled for `args` (its example call): loaded from disk when a checked
         artifact is there, else compiled, saved and returned. Sessions called with the same
-        shapes and constants share one."""
+        shapes and constants share one. Where torch cannot compile it ahead of time (e.g. a
+        policy class defined inside a function, which its guards cannot name), `fallback`
+        (torch.compile's function, compiled on first call) is returned instead."""
         name = "step-" + signature(args)
         got = self._fns.get(name)
         if got is None:
             got = self._load(name, args)
             if got is None:
-                got = self._compile(name, fn, args)
+                try:
+                    got = self._compile(name, fn, args)
+                except Exception as e:  # noqa: BLE001 - torch.compile's usual path still works
+                    why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                    log.warning("step not compiled ahead of time (%s); torch.compile instead", why)
+                    self.events.append(f"{name}: not compiled ahead of time ({why}), torch.compile")
+                    got = fallback
             self._fns[name] = got
         return got
 

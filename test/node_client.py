@@ -139,3 +139,15 @@ class NodeClient:
             f"no such diagnostics; last: {self.diagnostics[-1:]}"
         )
         return next(d for d in self.diagnostics[n:] if pred(d))
+
+
+def set_params(ros, proc, **values) -> list[tuple[bool, str]]:
+    """Set parameters of a running node through its real SetParameters service."""
+    from rcl_interfaces.srv import SetParameters
+    from rclpy.parameter import Parameter
+
+    req = SetParameters.Request(
+        parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
+    )
+    resp = ros.call(ros.client(SetParameters, proc.service("set_parameters")), req)
+    return [(r.successful, r.reason) for r in resp.results]

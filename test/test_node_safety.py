@@ -19,6 +19,7 @@ from trajectory_msgs.msg import JointTrajectory
 from flashrt_ros import srv
 from test.engine_util import make_engine, observations
 from test.node_client import JOINTS, NodeClient, feeding
+from test.node_client import set_params as _set
 from test.ros_helpers import importable_tests
 
 POLICY = "test.nan_policy:nan_above"
@@ -138,6 +139,26 @@ def test_rollout_faults_and_size_bounds_answer_cleanly(fresh):
     ):
         r = fresh.call("rollout", **fields)
         assert not r.success and "max_rollout_steps=200" in r.message, r.message
+
+
+def test_a_rollout_past_rollout_timeout_s_stops_and_says_how_far_it_got(fresh):
+    """A planner waiting on ~/rollout gets an answer in bounded time: past the (live)
+    rollout_timeout_s the rollout stops, says after how many steps, and the live session has
+    not moved; with the limit off again the same rollout runs to its end."""
+    ros, proc = fresh.ros, fresh.proc
+    assert _set(ros, proc, rollout_timeout_s=0.001) == [(True, "")]
+    try:
+        rows = np.tile(OBS[:1], (200, 1))
+        r = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=200)
+        assert not r.success and len(r.actions) == 0, r.message
+        assert "rollout_timeout_s=0.001 reached: stopped after " in r.message, r.message
+        assert int(r.message.split("stopped after ")[1].split()[0]) < 200
+    finally:
+        assert _set(ros, proc, rollout_timeout_s=0.0) == [(True, "")]
+    r = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=200)
+    assert r.success and len(r.actions) == 200 * 6, r.message
+    eng = make_engine(policy=POLICY)  # the live session is still at step 0
+    assert np.array_equal(fresh.run(OBS[:2]), np.array([eng.step(o) for o in OBS[:2]]))
 
 
 @pytest.fixture(scope="module")

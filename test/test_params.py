@@ -17,6 +17,7 @@ import time
 import pytest
 
 from test.conftest import require_rclpy
+from test.node_client import set_params as _set
 from test.ros_helpers import NODE_EXECUTABLE, REPO_ROOT, importable_tests, launch_node
 
 BAD = [  # (overrides, the parameter the error names): one of each class of bad value
@@ -260,17 +261,6 @@ def live(ros_module):
     )
     yield ros_module, proc
     proc.stop()
-
-
-def _set(ros, proc, **values) -> list[tuple[bool, str]]:
-    from rcl_interfaces.srv import SetParameters
-    from rclpy.parameter import Parameter
-
-    req = SetParameters.Request(
-        parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
-    )
-    resp = ros.call(ros.client(SetParameters, proc.service("set_parameters")), req)
-    return [(r.successful, r.reason) for r in resp.results]
 
 
 def _get(ros, proc, *names):

@@ -752,6 +752,17 @@ NODE_PARAMS = ParamTable(
             live=True,
         ),
         Param(
+            "rollout_timeout_s",
+            0.0,
+            "double",
+            "a ~/rollout still running after this many seconds stops and answers how far it got "
+            "(0 = no limit; its steps wait for room between control ticks, so on a loaded "
+            "machine a long rollout can take minutes)",
+            lo=0.0,
+            hi=86400.0,
+            live=True,
+        ),
+        Param(
             "flight_ticks",
             0,
             "integer",

@@ -377,9 +377,18 @@ class CapsuleServices:
         recent = collections.deque([FIRST_STEP_COST_S], maxlen=15)
         cost = FIRST_STEP_COST_S
         actions = np.empty((n, eng.action_dim))
+        limit = float(ctl.cfg.rollout_timeout_s)  # a rollout keeps the limit it began with
+        end = time.monotonic() + limit if limit > 0 else None
         for i in range(n):
             if self._closing.is_set():
                 raise BadRequest(f"the node is shutting down: stopped after {i} of {n} steps")
+            if end is not None and time.monotonic() > end:
+                held = f"; {target!r} holds the state after step {i}" if req.commit else ""
+                raise CapacityError(
+                    f"rollout_timeout_s={limit:g} reached: stopped after {i} of {n} steps{held} "
+                    "(the steps wait for room between control ticks); split the rollout, lower "
+                    "rate_hz, or raise the parameter"
+                )
             with ctl.lock.background(cost):
                 self._same_engine(eng)
                 if target == ctl.live:

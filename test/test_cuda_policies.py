@@ -91,14 +91,25 @@ def test_warming_the_next_tick_changes_no_action(monkeypatch):
     while the device runs): the same actions to the bit with it and without it."""
     import flashrt_ros.runtime.engine as engine_mod
 
+    calls = []
+    warm_fn = engine_mod.Engine._warm
+
+    def counted(self, *a):
+        calls.append(a[-1])
+        return warm_fn(self, *a)
+
+    monkeypatch.setattr(engine_mod.Engine, "_warm", counted)
     got = {}
     for warm in [("check", "upload"), ()]:
         monkeypatch.setattr(engine_mod, "WARM_NEXT", warm)
         eng = Engine(builtin("builtin:diffusion"), device="cuda", seed=1, fuse=False)
         assert eng.policy.tick_kinds[1] == "queue"
         assert eng.session("main").plans[1].upload()  # the upload is there to be used
+        calls.clear()
         got[warm] = run(eng, stream(eng, 24))  # infer, queue and record ticks
         assert eng._warming
+        # with it on, the infer and record ticks warmed (unless the device was already done)
+        assert bool(calls) == bool(warm), calls
     assert np.array_equal(got[("check", "upload")], got[()])
 
 

@@ -146,15 +146,16 @@ def test_a_rollout_past_rollout_timeout_s_stops_and_says_how_far_it_got(fresh):
     rollout_timeout_s the rollout stops, says after how many steps, and the live session has
     not moved; with the limit off again the same rollout runs to its end."""
     ros, proc = fresh.ros, fresh.proc
+    rows = np.tile(OBS[:1], (200, 1))
     assert _set(ros, proc, rollout_timeout_s=0.001) == [(True, "")]
     try:
-        rows = np.tile(OBS[:1], (200, 1))
         r = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=200)
-        assert not r.success and len(r.actions) == 0, r.message
-        assert "rollout_timeout_s=0.001 reached: stopped after " in r.message, r.message
-        assert int(r.message.split("stopped after ")[1].split()[0]) < 200
     finally:
-        assert _set(ros, proc, rollout_timeout_s=0.0) == [(True, "")]
+        reset = _set(ros, proc, rollout_timeout_s=0.0)
+    assert not r.success and len(r.actions) == 0, r.message
+    assert "rollout_timeout_s=0.001 reached: stopped after " in r.message, r.message
+    assert int(r.message.split("stopped after ")[1].split()[0]) < 200
+    assert reset == [(True, "")]
     r = fresh.call("rollout", observations=rows.ravel().tolist(), n_steps=200)
     assert r.success and len(r.actions) == 200 * 6, r.message
     eng = make_engine(policy=POLICY)  # the live session is still at step 0

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def test_a_warm_start_loads_the_step_and_steps_bit_for_bit(compiled, tmp_path):
     (ev,) = first["events"]
     assert ": compiled in " in ev and "saved to" in ev, ev
     files = sorted(p.name for p in Path(first["folder"]).iterdir())
-    assert [f for f in files if not f.startswith(".")] == [
+    assert files == [  # no temporary file left behind
         ev.split(":")[0] + ".bin",
         ev.split(":")[0] + ".json",
     ]
@@ -140,6 +141,67 @@ def test_a_policy_torch_cannot_save_still_runs_compiled_the_usual_way(tmp_path):
     assert "not compiled ahead of time" in p.stderr  # logged
 
 
+HELPER_CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {folder!r})
+from flashrt_ros import Engine
+from helped_policy import Helped
+fused = Engine(Helped(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+acts = np.array([fused.step([0.1 * i, -0.2 * i]) for i in range(4)])
+plain = Engine(Helped(), device="cpu")
+ref = np.array([plain.step([0.1 * i, -0.2 * i]) for i in range(4)])
+print("EVENTS " + json.dumps({{"events": fused.precompiled.events,
+                              "max_diff": float(abs(acts - ref).max())}}))
+"""
+
+HELPED_SRC = """
+import torch
+from flashrt_ros.policies.base import Policy, StateEntry
+from policy_helper import squash
+
+class Helped(Policy):
+    policy_id = "test:helped"
+    obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
+
+    def state_spec(self):
+        return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
+
+    def step(self, obs, state, action, chunk):
+        state["acc"].mul_(0.5).add_(obs)
+        action.copy_(squash(state["acc"]))
+        chunk.copy_(action[:, None])
+"""
+
+
+def test_a_helper_module_that_changed_is_seen_and_the_step_compiled_again(tmp_path):
+    """The key reads the policy's class files; a helper the step calls from another module
+    is not one of them. Its source is recorded with the step, so an edited helper is never
+    served by the old compiled code."""
+    (tmp_path / "helped_policy.py").write_text(HELPED_SRC)
+    helper = tmp_path / "policy_helper.py"
+    helper.write_text("import torch\n\ndef squash(x):\n    return torch.tanh(x)\n")
+    child = tmp_path / "child.py"
+    child.write_text(HELPER_CHILD.format(folder=str(tmp_path), cache=str(tmp_path / "cache")))
+
+    def run() -> dict:
+        for f in tmp_path.glob("*.py"):
+            _before_start(f)
+        cmd = [sys.executable, str(child)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
+
+    first = run()
+    assert [": compiled in " in e for e in first["events"]] == [True], first["events"]
+    helper.write_text("import torch\n\ndef squash(x):\n    return 0.5 * torch.tanh(x)\n")
+    second = run()
+    refused, again = second["events"]
+    assert "not used (the source of policy_helper changed since it was compiled)" in refused
+    assert ": compiled in " in again, again
+    assert second["max_diff"] < 1e-6  # the new helper's actions, not the old step's
+
+
 POLICY_SRC = """
 import torch
 from flashrt_ros.policies.base import Policy, StateEntry
@@ -160,10 +222,16 @@ SCALE = {scale}
 """
 
 
+def _before_start(path: Path) -> None:
+    """Date a file before this process started, as a module installed beforehand is."""
+    past = time.time() - 3600
+    os.utime(path, (past, past))
+
+
 def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeypatch):
     """The key covers what the engine fingerprint does not: the code that is compiled. A user
     policy whose source changes (same policy_id, same weights) must not load the old step."""
-    sys.path.insert(0, str(HERE))
+    monkeypatch.syspath_prepend(str(HERE))
     from tiny_policy import tiny
 
     cpu = torch.device("cpu")
@@ -178,10 +246,14 @@ def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeyp
     mod = tmp_path / "user_policy_mod.py"
     mod.write_text(POLICY_SRC.format(scale=1.0))
     m = importlib.import_module("user_policy_mod")
+    assert key(m.UserPolicy()) is None  # written after this process started: not trusted
+    _before_start(mod)
     k1 = key(m.UserPolicy())
+    assert k1 is not None
     mod.write_text(POLICY_SRC.format(scale=2.0))
+    _before_start(mod)
     m = importlib.reload(m)
-    assert key(m.UserPolicy()) != k1
+    assert key(m.UserPolicy()) not in (k1, None)
     # a class with no source file (exec'd, `python -c`, a notebook cell): no key, no artifact
     scope: dict = {"__name__": "exec_policy"}
     exec(POLICY_SRC.format(scale=1.0), scope)

@@ -379,17 +379,30 @@ class CapsuleServices:
         actions = np.empty((n, eng.action_dim))
         limit = float(ctl.cfg.rollout_timeout_s)  # a rollout keeps the limit it began with
         end = time.monotonic() + limit if limit > 0 else None
+
+        def timed_out(i: int) -> CapacityError:
+            kept = f"; {target!r} holds the state after {i} of them" if req.commit else ""
+            return CapacityError(
+                f"rollout_timeout_s={limit:g} reached: stopped after {i} of {n} steps{kept} "
+                "(the steps wait for room between control ticks); split the rollout, lower "
+                "rate_hz, or raise the parameter"
+            )
+
         for i in range(n):
             if self._closing.is_set():
                 raise BadRequest(f"the node is shutting down: stopped after {i} of {n} steps")
-            if end is not None and time.monotonic() > end:
-                held = f"; {target!r} holds the state after step {i}" if req.commit else ""
-                raise CapacityError(
-                    f"rollout_timeout_s={limit:g} reached: stopped after {i} of {n} steps{held} "
-                    "(the steps wait for room between control ticks); split the rollout, lower "
-                    "rate_hz, or raise the parameter"
-                )
-            with ctl.lock.background(cost):
+            give_up = 10.0  # the wait for room between ticks, at most until the deadline
+            if end is not None:
+                if time.monotonic() > end:
+                    raise timed_out(i)
+                give_up = min(give_up, max(end - time.monotonic(), 0.001))
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(ctl.lock.background(cost, give_up_s=give_up))
+                except CapacityError:
+                    if end is not None and time.monotonic() >= end:
+                        raise timed_out(i) from None
+                    raise
                 self._same_engine(eng)
                 if target == ctl.live:
                     raise BadRequest(f"{target!r} was made live during the rollout; stopped")

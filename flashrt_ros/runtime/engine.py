@@ -172,7 +172,7 @@ class Engine:
         converts each to the policy's RGB float layout, so the host only copies the bytes.
         `compile_cache_dir` (None: torch's defaults) points inductor's and Triton's on-disk caches
         at `<compile_cache_dir>/<fingerprint>` before anything is compiled, so a warm start
-        reuses the kernels of this policy, weights and layout only, never a stale artifact; a
+        reuses the kernels of this policy, weights and layout only; a
         fused step is then also compiled ahead of time and saved there (precompiled.py), and
         a warm start loads it instead of compiling it again (`precompiled.events` says which).
         Every argument is checked before anything is allocated."""
@@ -229,9 +229,16 @@ class Engine:
         # a fused step is compiled ahead of time and kept beside inductor's caches
         self.precompiled = None
         if self._fuse_step and self.compile_cache is not None:
-            key = step_key(self.fingerprint, policy, self.device)
+            try:
+                key = step_key(self.fingerprint, policy, self.device)
+            except Exception as e:  # noqa: BLE001 - a cache only saves time
+                log.warning("no precompiled step (%s: %s)", type(e).__name__, e)
+                key = None
             if key is None:
-                log.info("a policy class has no source file: its step is not precompiled")
+                log.info(
+                    "the step is not precompiled: its code has no source file here, or "
+                    "changed since this process started"
+                )
             else:
                 self.precompiled = PrecompiledSteps(self.compile_cache, key)
         self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log

@@ -53,8 +53,9 @@ class StepPlan:
 
         if drv is None:
             return False
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         exe = drv.CUgraphExec(self.graph.raw_cuda_graph_exec())
-        check(drv.cuGraphUpload(exe, stream(self.device.index or 0)), "cuGraphUpload")
+        check(drv.cuGraphUpload(exe, stream(index)), "cuGraphUpload")
         return True
 
     def replay(self) -> None:

@@ -7,19 +7,28 @@ saved by `torch.compile(...).aot_compile(...)` took 2.4 s and stepped bit for bi
 (bench/precompile_probe.py). AOTInductor, the other way to skip the compiler, crashed its loader
 on that machine (bench/aot_probe.py).
 
-An artifact is only used by a process that would compile the very same thing: its folder is
-keyed by the engine fingerprint (policy, weights, state layout, device type) and by what the
-compiled code depends on beyond it (torch and Python versions, the GPU's name and compute
-capability, the source of this package and of the policy's module classes); its file name by
-the shapes, dtypes and constants the step is called with. Before a loaded step is used it runs
-once on zeroed copies of its arguments, and the result's digest must equal the one recorded when
-it was compiled; anything else (a failed load, another digest, a guard that no longer holds) is
-logged, the file is removed, and the step is compiled and saved again.
+What guards against a stale artifact:
+- its folder is keyed by the engine fingerprint (policy, weights, state layout, device type) and
+  by what the compiled code depends on beyond it: torch and Python versions, the GPU's name and
+  compute capability (the CPU's instruction set on the CPU), the source of this package and of
+  the policy's module classes;
+- its file name by the shapes, strides, dtypes, devices and constants of the call, and the
+  plain attributes (numbers, strings) of the policy's modules;
+- the source of every module whose code the compiler inlined is recorded at save time and
+  compared at load time (helpers in other files, libraries such as lerobot after an upgrade);
+- a loaded step runs once on zeroed copies of its arguments and must give the bytes recorded
+  when it was compiled;
+- nothing is saved or loaded when a file the key reads changed after this process started (the
+  code in memory is then not the code on disk).
+A failed load or check is logged, the file removed, and the step compiled and saved again. Not
+covered: a module-level global changed at run time (torch drops guards on globals when it saves).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -33,8 +42,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what is saved, or how it is checked, changes
+FORMAT = 2  # bump when what is saved, or how it is checked, changes
 _PACKAGE = Path(__file__).resolve().parents[1]  # flashrt_ros/
+_STARTED = time.time()  # files changed after this are not the code this process runs
 
 
 def _sources(policy: torch.nn.Module) -> list[Path] | None:
@@ -63,26 +73,30 @@ def _sources(policy: torch.nn.Module) -> list[Path] | None:
 
 def step_key(fingerprint: str, policy: torch.nn.Module, device: torch.device) -> str | None:
     """The folder name of a policy's compiled steps on this machine (see the module's doc);
-    None when the policy's code cannot be read (nothing is then saved or loaded)."""
+    None when the policy's code cannot be read, or changed on disk after this process started
+    (nothing is then saved or loaded)."""
     sources = _sources(policy)
     if sources is None:
         return None
     h = hashlib.sha256()
     for f in sources:
+        if f.stat().st_mtime > _STARTED:
+            return None
         h.update(str(f).encode())
         h.update(f.read_bytes())
     dev = torch.device(device)
-    gpu = None
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        gpu = [props.name, props.major, props.minor]
+        machine = [props.name, props.major, props.minor]
+    else:  # inductor's CPU code uses the instruction set it was compiled on
+        machine = [torch.backends.cpu.get_cpu_capability()]
     blob = {
         "format": FORMAT,
         "fingerprint": fingerprint,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "device": dev.type,
-        "gpu": gpu,
+        "machine": machine,
         "code": h.hexdigest(),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:32]
@@ -102,13 +116,25 @@ def _describe(x) -> object:
     """What a compiled step is specialised on: tensor metadata and constant values (a module is
     covered by the folder's key)."""
     if isinstance(x, torch.Tensor):
-        return ["T", list(x.shape), list(x.stride()), str(x.dtype), x.device.type]
+        return ["T", list(x.shape), list(x.stride()), str(x.dtype), str(x.device)]
     if isinstance(x, dict):
         return {str(k): _describe(v) for k, v in sorted(x.items())}
     if isinstance(x, list | tuple):
         return [_describe(v) for v in x]
-    if isinstance(x, torch.nn.Module):
-        return "module"
+    if isinstance(x, torch.nn.Module):  # its plain attributes, which guards may test
+        plain = (bool, int, float, str, type(None))
+
+        def kept(v) -> bool:
+            return isinstance(v, plain) or (dataclasses.is_dataclass(v) and not isinstance(v, type))
+
+        return {  # an address in a repr would make every process's name another
+            name: {
+                k: r
+                for k, v in sorted(vars(m).items())
+                if kept(v) and " at 0x" not in (r := repr(v))
+            }
+            for name, m in x.named_modules()
+        }
     return repr(x)
 
 
@@ -116,8 +142,9 @@ def signature(args: tuple) -> str:
     return hashlib.sha256(json.dumps(_describe(args)).encode()).hexdigest()[:24]
 
 
-def _zeroed(args: tuple) -> tuple:
-    """The arguments with every tensor replaced by a zeroed copy (dicts and tuples rebuilt)."""
+def _zeroed(args: tuple, keep: tuple[int, ...]) -> tuple:
+    """The arguments with every tensor replaced by a zeroed copy (dicts and tuples rebuilt),
+    except the arguments at the positions in `keep`, passed as they are."""
 
     def z(x):
         if isinstance(x, torch.Tensor):
@@ -128,19 +155,51 @@ def _zeroed(args: tuple) -> tuple:
             return tuple(z(v) for v in x)
         return x
 
-    return tuple(z(a) for a in args)
+    return tuple(a if i in keep else z(a) for i, a in enumerate(args))
 
 
-def check_digest(fn: Callable, args: tuple) -> str:
-    """Digest of every tensor argument after one call of `fn` on zeroed copies of them: the
-    same compiled kernels give the same bytes, so a loaded step must reproduce it."""
-    zs = _zeroed(args)
+def check_digest(fn: Callable, args: tuple, keep: tuple[int, ...] = ()) -> str:
+    """Digest of the tensor arguments after one call of `fn` on zeroed copies of them: the
+    same compiled kernels give the same bytes, so a loaded step must reproduce it. The
+    arguments at `keep` (a flight ring: up to 100,000 states) are used as they are and not
+    digested; the call may write them."""
+    zs = _zeroed(args, keep)
     with torch.no_grad():
         fn(*zs)
     h = hashlib.sha256()
-    for t in _tensors(zs):
+    for t in _tensors(tuple(a for i, a in enumerate(zs) if i not in keep)):
         h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def _repeats(fn: Callable, args: tuple, keep: tuple[int, ...], check: str) -> None:
+    """A second check call must give the same bytes. A compiled step that cannot be called
+    again (a policy that changes a Python attribute in its step: the saved guards fail, where
+    torch.compile would compile again) raises here, and the engine uses torch.compile."""
+    if check_digest(fn, args, keep) != check:
+        raise RuntimeError("a second call of the compiled step gave other bytes")
+
+
+def _inlined(compiled) -> dict[str, str] | None:
+    """Digest of the source of each module the compiler inlined code from (None where this
+    torch does not say)."""
+    try:
+        got = compiled.source_info().inlined_sources
+        return {s.module: hashlib.sha256(s.content.encode()).hexdigest() for s in got}
+    except Exception:  # noqa: BLE001 - an older torch: the key alone then guards the code
+        return None
+
+
+def _changed_source(recorded: dict[str, str] | None) -> str | None:
+    """The first inlined module whose source is not the one recorded, or None."""
+    for module, digest in (recorded or {}).items():
+        try:
+            now = inspect.getsource(importlib.import_module(module))
+        except Exception:  # noqa: BLE001 - gone or unreadable: not the recorded code
+            return module
+        if hashlib.sha256(now.encode()).hexdigest() != digest:
+            return module
+    return None
 
 
 class PrecompiledSteps:
@@ -152,19 +211,22 @@ class PrecompiledSteps:
         self.events: list[str] = []
         self._fns: dict[str, Callable] = {}
 
-    def step(self, fn: Callable, args: tuple, fallback: Callable) -> Callable:
+    def step(
+        self, fn: Callable, args: tuple, fallback: Callable, keep: tuple[int, ...] = ()
+    ) -> Callable:
         """`fn` compiled for `args` (its example call): loaded from disk when a checked
         artifact is there, else compiled, saved and returned. Sessions called with the same
         shapes and constants share one. Where torch cannot compile it ahead of time (e.g. a
         policy class defined inside a function, which its guards cannot name), `fallback`
-        (torch.compile's function, compiled on first call) is returned instead."""
+        (torch.compile's function, compiled on first call) is returned instead. `keep`: see
+        check_digest. The step keeps a grad-mode guard: call it under torch.no_grad()."""
         name = "step-" + signature(args)
         got = self._fns.get(name)
         if got is None:
-            got = self._load(name, args)
+            got = self._load(name, args, keep)
             if got is None:
                 try:
-                    got = self._compile(name, fn, args)
+                    got = self._compile(name, fn, args, keep)
                 except Exception as e:  # noqa: BLE001 - torch.compile's usual path still works
                     why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                     log.warning("step not compiled ahead of time (%s); torch.compile instead", why)
@@ -173,18 +235,26 @@ class PrecompiledSteps:
             self._fns[name] = got
         return got
 
-    def _load(self, name: str, args: tuple) -> Callable | None:
+    def _load(self, name: str, args: tuple, keep: tuple[int, ...]) -> Callable | None:
         path, meta = self.folder / f"{name}.bin", self.folder / f"{name}.json"
-        if not path.exists():
+        # the record is written first and the step last, each atomically: a step without its
+        # record is one being saved by another process right now, not a broken one
+        if not path.exists() or not meta.exists():
             return None
         t = time.perf_counter()
         why = None
         try:
-            want = json.loads(meta.read_text())["check"]
-            with path.open("rb") as f:
-                fn = torch.compiler.load_compiled_function(f)
-            if check_digest(fn, args) != want:
-                why = "its check step gives other bytes than when it was compiled"
+            record = json.loads(meta.read_text())
+            changed = _changed_source(record.get("sources"))
+            if changed is not None:
+                why = f"the source of {changed} changed since it was compiled"
+            else:
+                with path.open("rb") as f:
+                    fn = torch.compiler.load_compiled_function(f)
+                if check_digest(fn, args, keep) != record["check"]:
+                    why = "its check step gives other bytes than when it was compiled"
+                else:
+                    _repeats(fn, args, keep, record["check"])
         except Exception as e:  # noqa: BLE001 - any failure means: compile again
             why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if why is not None:
@@ -196,25 +266,33 @@ class PrecompiledSteps:
         self.events.append(f"{name}: loaded in {time.perf_counter() - t:.2f} s")
         return fn
 
-    def _compile(self, name: str, fn: Callable, args: tuple) -> Callable:
+    def _compile(self, name: str, fn: Callable, args: tuple, keep: tuple[int, ...]) -> Callable:
         t = time.perf_counter()
         cfg = torch._dynamo.config
-        if hasattr(cfg, "enable_aot_compile"):  # off by default in torch 2.11
-            cfg.enable_aot_compile = True
-        with torch.no_grad():
+        flag = {"enable_aot_compile": True} if hasattr(cfg, "enable_aot_compile") else {}
+        with cfg.patch(**flag), torch.no_grad():  # off by default in torch 2.11
             compiled = torch.compile(fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
-        check = check_digest(compiled, args)
-        try:
+        check = check_digest(compiled, args, keep)
+        _repeats(compiled, args, keep, check)
+        record = {
+            "check": check,
+            "sources": _inlined(compiled),
+            "torch": torch.__version__,
+            "saved": time.time(),
+        }
+        try:  # a cache only saves time: a folder or a step that cannot be written is no failure
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".{name}.{os.getpid()}.tmp"
-            compiled.save_compiled_function(str(tmp))
-            os.replace(tmp, self.folder / f"{name}.bin")
-            (self.folder / f"{name}.json").write_text(
-                json.dumps({"check": check, "torch": torch.__version__, "saved": time.time()})
-            )
+            try:
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, self.folder / f"{name}.json")
+                compiled.save_compiled_function(str(tmp))
+                os.replace(tmp, self.folder / f"{name}.bin")
+            finally:
+                tmp.unlink(missing_ok=True)
             where = f"saved to {self.folder}"
-        except OSError as e:  # a cache only saves time: a read-only folder is no failure
-            where = f"not saved ({e})"
+        except Exception as e:  # noqa: BLE001
+            where = f"not saved ({type(e).__name__}: {e})".splitlines()[0][:300]
             log.warning("precompiled step %s %s", name, where)
         self.events.append(f"{name}: compiled in {time.perf_counter() - t:.2f} s, {where}")
         return compiled

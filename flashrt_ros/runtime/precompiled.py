@@ -16,8 +16,8 @@ What guards against a stale artifact:
   plain attributes (numbers, strings) of the policy's modules;
 - the source of every module whose code the compiler inlined is recorded at save time and
   compared at load time (helpers in other files, libraries such as lerobot after an upgrade);
-- a loaded step runs once on zeroed copies of its arguments and must give the bytes recorded
-  when it was compiled;
+- a loaded step is called twice on zeroed copies of its arguments and must give the bytes
+  recorded when it was compiled both times;
 - nothing is saved or loaded when a file the key reads changed after this process started (the
   code in memory is then not the code on disk).
 A failed load or check is logged, the file removed, and the step compiled and saved again. Not

@@ -95,131 +95,111 @@ def test_a_tampered_artifact_is_not_used_and_is_compiled_again(compiled, tmp_pat
     assert ": loaded in " in engine_run(cache, tmp_path / "c.npy")["events"][0]
 
 
-LOCAL_CHILD = """
-import json, sys
-import numpy as np, torch
-from flashrt_ros import Engine
-from flashrt_ros.policies.base import Policy, StateEntry
+IMPORTS = "import torch\nfrom flashrt_ros.policies.base import Policy, StateEntry\n"
 
-def make():
-    class Local(Policy):  # defined in a function: its guards cannot name it in a saved step
-        policy_id = "test:local"
-        obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
 
-        def state_spec(self):
-            return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
+def policy_class(name: str, step: str, indent: str = "") -> str:
+    """The source of a two-float test policy class `name` whose step ends with `step` (the
+    action from the accumulated state `acc`), at `indent` (inside a function when not "")."""
+    body = f"""
+class {name}(Policy):
+    policy_id = "test:{name.lower()}"
+    obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
 
-        def step(self, obs, state, action, chunk):
-            state["acc"].mul_(0.5).add_(obs)
-            action.copy_(torch.tanh(state["acc"]))
-            chunk.copy_(action[:, None])
+    def state_spec(self):
+        return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
 
-    return Local()
-
-fused = Engine(make(), device="cpu", fuse=True, compile_cache_dir={cache!r})
-plain = Engine(make(), device="cpu")
-obs = [[0.1 * i, -0.2 * i] for i in range(5)]
-a = np.array([fused.step(o) for o in obs])
-b = np.array([plain.step(o) for o in obs])
-print("EVENTS " + json.dumps({{"events": fused.precompiled.events,
-                              "max_diff": float(abs(a - b).max())}}))
+    def step(self, obs, state, action, chunk):
+        {step}
+        chunk.copy_(action[:, None])
 """
+    return "\n".join(indent + ln if ln else ln for ln in body.splitlines()) + "\n"
+
+
+SQUASHED = 'state["acc"].mul_(0.5).add_(obs)\n        action.copy_(squash(state["acc"]))'
+
+CHECK_CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {folder!r})
+from flashrt_ros import Engine
+from {module} import {factory} as make
+fused = Engine(make(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+obs = [[0.1 * i, -0.2 * i] for i in range({n})]
+acts = np.array([fused.step(o) for o in obs])
+plain = Engine(make(), device="cpu")
+ref = np.array([plain.step(o) for o in obs])
+print("EVENTS " + json.dumps({{"events": fused.precompiled.events,
+                              "finite": bool(np.isfinite(acts).all()),
+                              "max_diff": float(abs(acts - ref).max())}}))
+"""
+
+
+def check_run(folder: Path, module: str, factory: str, n: int = 4) -> dict:
+    """CHECK_CHILD in a fresh process on the policy `module.factory` written in `folder`: the
+    fused engine's precompile events, and how far its actions are from an unfused engine's."""
+    for f in folder.glob("*.py"):
+        _before_start(f)
+    child = folder / "child.py"
+    cache = folder / "cache"
+    fields = {"folder": str(folder), "module": module, "factory": factory, "n": n}
+    child.write_text(CHECK_CHILD.format(cache=str(cache), **fields))
+    _before_start(child)
+    p = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
+    return {**got, "log": p.stderr}
 
 
 def test_a_policy_torch_cannot_save_still_runs_compiled_the_usual_way(tmp_path):
     """A policy class defined inside a function (as a test or a notebook does) cannot be
     compiled ahead of time; the engine says so and compiles it on first call as before (this
     failed the node's configure once, on the H200)."""
-    child = tmp_path / "local_child.py"  # a file: the class has source, but a local scope
-    child.write_text(LOCAL_CHILD.format(cache=str(tmp_path / "cache")))
-    p = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    got = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
+    local = policy_class("Local", SQUASHED.replace("squash", "torch.tanh"), indent="    ")
+    src = f"{IMPORTS}\ndef make():{local}\n    return Local()\n"
+    (tmp_path / "local_policy.py").write_text(src)
+    got = check_run(tmp_path, "local_policy", "make", n=5)
     (ev,) = got["events"]
     assert "not compiled ahead of time (TypeError" in ev and "local scope" in ev, ev
     assert got["max_diff"] < 1e-6
-    assert "not compiled ahead of time" in p.stderr  # logged
+    assert "not compiled ahead of time" in got["log"]  # logged
 
 
-HELPER_CHILD = """
-import json, sys
-import numpy as np
-sys.path.insert(0, {folder!r})
-from flashrt_ros import Engine
-from helped_policy import Helped
-fused = Engine(Helped(), device="cpu", fuse=True, compile_cache_dir={cache!r})
-acts = np.array([fused.step([0.1 * i, -0.2 * i]) for i in range(4)])
-plain = Engine(Helped(), device="cpu")
-ref = np.array([plain.step([0.1 * i, -0.2 * i]) for i in range(4)])
-print("EVENTS " + json.dumps({{"events": fused.precompiled.events,
-                              "max_diff": float(abs(acts - ref).max())}}))
-"""
-
-HELPED_SRC = """
-import torch
-from flashrt_ros.policies.base import Policy, StateEntry
-from policy_helper import squash
-
-class Helped(Policy):
-    policy_id = "test:helped"
-    obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
-
-    def state_spec(self):
-        return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
-
-    def step(self, obs, state, action, chunk):
-        state["acc"].mul_(0.5).add_(obs)
-        action.copy_(squash(state["acc"]))
-        chunk.copy_(action[:, None])
-"""
+def test_a_policy_that_changes_python_state_in_its_step_runs_compiled_the_usual_way(tmp_path):
+    """A step that changes a Python attribute fails the saved step's guards on its next call
+    (torch.compile would compile again): the second check call catches it, and the engine
+    uses torch.compile."""
+    step = 'self.calls += 1\n        action.copy_(state["acc"].add_(obs * self.calls))'
+    src = IMPORTS + policy_class("Counting", step)
+    src += "\n\ndef make():\n    p = Counting()\n    p.calls = 0\n    return p\n"
+    (tmp_path / "counting_policy.py").write_text(src)
+    got = check_run(tmp_path, "counting_policy", "make", n=1)
+    (ev,) = got["events"]
+    assert "not compiled ahead of time (RuntimeError: GuardManager check failed" in ev, ev
+    assert got["finite"]
 
 
 def test_a_helper_module_that_changed_is_seen_and_the_step_compiled_again(tmp_path):
     """The key reads the policy's class files; a helper the step calls from another module
     is not one of them. Its source is recorded with the step, so an edited helper is never
     served by the old compiled code."""
-    (tmp_path / "helped_policy.py").write_text(HELPED_SRC)
+    src = IMPORTS + "from policy_helper import squash\n" + policy_class("Helped", SQUASHED)
+    (tmp_path / "helped_policy.py").write_text(src)
     helper = tmp_path / "policy_helper.py"
     helper.write_text("import torch\n\ndef squash(x):\n    return torch.tanh(x)\n")
-    child = tmp_path / "child.py"
-    child.write_text(HELPER_CHILD.format(folder=str(tmp_path), cache=str(tmp_path / "cache")))
-
-    def run() -> dict:
-        for f in tmp_path.glob("*.py"):
-            _before_start(f)
-        cmd = [sys.executable, str(child)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-4000:]
-        return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
-
-    first = run()
+    first = check_run(tmp_path, "helped_policy", "Helped")
     assert [": compiled in " in e for e in first["events"]] == [True], first["events"]
     helper.write_text("import torch\n\ndef squash(x):\n    return 0.5 * torch.tanh(x)\n")
-    second = run()
+    second = check_run(tmp_path, "helped_policy", "Helped")
     refused, again = second["events"]
     assert "not used (the source of policy_helper changed since it was compiled)" in refused
     assert ": compiled in " in again, again
     assert second["max_diff"] < 1e-6  # the new helper's actions, not the old step's
 
 
-POLICY_SRC = """
-import torch
-from flashrt_ros.policies.base import Policy, StateEntry
-
-class UserPolicy(Policy):
-    policy_id = "test:user"
-    obs_dim, action_dim, goal_dim, chunk_len = 2, 2, 2, 1
-
-    def state_spec(self):
-        return [StateEntry("acc", torch.float32, (1, 2), "recurrent")]
-
-    def step(self, obs, state, action, chunk):
-        state["acc"].add_(obs * SCALE)
-        action.copy_(state["acc"])
-        chunk.copy_(action[:, None])
-
-SCALE = {scale}
-"""
+def user_policy_src(scale: float) -> str:
+    step = 'state["acc"].add_(obs * SCALE)\n        action.copy_(state["acc"])'
+    return IMPORTS + policy_class("UserPolicy", step) + f"\nSCALE = {scale}\n"
 
 
 def _before_start(path: Path) -> None:
@@ -244,19 +224,19 @@ def test_other_weights_or_other_policy_code_get_another_folder(tmp_path, monkeyp
     assert key(tiny(0.5)) != key(tiny(0.25))  # other weights
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = tmp_path / "user_policy_mod.py"
-    mod.write_text(POLICY_SRC.format(scale=1.0))
+    mod.write_text(user_policy_src(1.0))
     m = importlib.import_module("user_policy_mod")
     assert key(m.UserPolicy()) is None  # written after this process started: not trusted
     _before_start(mod)
     k1 = key(m.UserPolicy())
     assert k1 is not None
-    mod.write_text(POLICY_SRC.format(scale=2.0))
+    mod.write_text(user_policy_src(2.0))
     _before_start(mod)
     m = importlib.reload(m)
     assert key(m.UserPolicy()) not in (k1, None)
     # a class with no source file (exec'd, `python -c`, a notebook cell): no key, no artifact
     scope: dict = {"__name__": "exec_policy"}
-    exec(POLICY_SRC.format(scale=1.0), scope)
+    exec(user_policy_src(1.0), scope)
     assert key(scope["UserPolicy"]()) is None
 
 

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import torch
 
+from flashrt_ros.cuda.driver import check, drv, stream
+
 
 class StepPlan:
     """Replays `fn`, a closure over static buffers that updates them in place."""
@@ -18,6 +20,7 @@ class StepPlan:
         self.device = torch.device(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.use_graph = use_graph and self.device.type == "cuda"
+        self._upload: tuple | None = None  # upload()'s (handle, index); () when unavailable
 
     def capture(self, protect: list[torch.Tensor], warmup: int = 3) -> None:
         """Warm up on a side stream (lazy init, cuBLAS handles), then capture one step.
@@ -42,21 +45,26 @@ class StepPlan:
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph = graph
+        self._upload = None
 
     def upload(self) -> bool:
         """Upload the captured graph to the device on the current stream without running it
         (cuGraphUpload, ordered after the work already queued there), so its next launch finds
         the driver's and the device's copies of it ready. False where that is unavailable."""
-        if self.graph is None or not hasattr(self.graph, "raw_cuda_graph_exec"):
+        if self._upload is None:  # the driver handle, made once (it runs on the tick path)
+            self._upload = self._upload_args()
+        if not self._upload:
             return False
-        from flashrt_ros.cuda.driver import check, drv, stream
-
-        if drv is None:
-            return False
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        exe = drv.CUgraphExec(self.graph.raw_cuda_graph_exec())
+        exe, index = self._upload
         check(drv.cuGraphUpload(exe, stream(index)), "cuGraphUpload")
         return True
+
+    def _upload_args(self) -> tuple:
+        """(graph exec handle, device index) for cuGraphUpload; () where that is unavailable."""
+        if self.graph is None or drv is None or not hasattr(self.graph, "raw_cuda_graph_exec"):
+            return ()
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return drv.CUgraphExec(self.graph.raw_cuda_graph_exec()), index
 
     def replay(self) -> None:
         if self.graph is not None:

@@ -212,12 +212,16 @@ class PrecompiledSteps:
         self._fns: dict[str, Callable] = {}
 
     def step(
-        self, fn: Callable, args: tuple, fallback: Callable, keep: tuple[int, ...] = ()
+        self,
+        fn: Callable,
+        args: tuple,
+        fallback: Callable[[], Callable],
+        keep: tuple[int, ...] = (),
     ) -> Callable:
         """`fn` compiled for `args` (its example call): loaded from disk when a checked
         artifact is there, else compiled, saved and returned. Sessions called with the same
         shapes and constants share one. Where torch cannot compile it ahead of time (e.g. a
-        policy class defined inside a function, which its guards cannot name), `fallback`
+        policy class defined inside a function, which its guards cannot name), `fallback()`
         (torch.compile's function, compiled on first call) is returned instead. `keep`: see
         check_digest. The step keeps a grad-mode guard: call it under torch.no_grad()."""
         name = "step-" + signature(args)
@@ -231,7 +235,7 @@ class PrecompiledSteps:
                     why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                     log.warning("step not compiled ahead of time (%s); torch.compile instead", why)
                     self.events.append(f"{name}: not compiled ahead of time ({why}), torch.compile")
-                    got = fallback
+                    got = fallback()
             self._fns[name] = got
         return got
 

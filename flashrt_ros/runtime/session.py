@@ -186,7 +186,7 @@ class Session:
         step = views["step"]
         args = (policy, buf, obs, action, chunk, table, ring, kind, conv)
         if isinstance(fused, PrecompiledSteps):  # its check step writes the ring (args[6])
-            fused = fused.step(arena_step, args, fused_step(), keep=(6,))
+            fused = fused.step(arena_step, args, fused_step, keep=(6,))
 
         def step_fn() -> None:
             if own_ring is not None:

@@ -13,14 +13,17 @@ runtime/engine.py's SPIN_WAIT_S (how long a step's wait polls before it blocks) 
 engine, and the queue ticks are grouped by how many ticks after an infer tick they come: it tells
 whether the queue ticks' tail is the first ones after a long (blocking) infer wait.
 --warm-variants (e.g. none,check,check+upload) does the same for WARM_NEXT: what an infer tick
-does for the next tick while the device runs it (Engine._warm).
+does for the next tick while the device runs it (Engine._warm). --pin-variants (none, pin,
+nice, pin+nice) does it for the stepping thread's scheduling: kept on one core, and/or nice -20.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.policies_bench import observations  # noqa: E402
 from bench.timing import report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
+
+ALL_CORES = os.sched_getaffinity(0)
 
 
 def pct(a: list[float]) -> dict:
@@ -52,13 +57,31 @@ def by_position(
     import flashrt_ros.runtime.engine as engine_mod
 
     keep = getattr(engine_mod, attr)
+    try:
+        return by_setting(eng, obs, lambda v: setattr(engine_mod, attr, v), values, rounds, ticks)
+    finally:
+        setattr(engine_mod, attr, keep)
+
+
+def pin_thread(how: str, core: int) -> None:
+    """The calling thread: "pin" on one core (sched_setaffinity), "nice" at nice -20, both
+    ("pin+nice"), or back to every core and nice 0 ("none")."""
+    tid = threading.get_native_id()
+    os.sched_setaffinity(0, {core} if "pin" in how else ALL_CORES)
+    os.setpriority(os.PRIO_PROCESS, tid, -20 if "nice" in how else 0)
+
+
+def by_setting(
+    eng: Engine, obs: list, apply, values: dict[str, object], rounds: int, ticks: int
+) -> dict:
+    """by_position for any setting: `apply(value)` switches to it."""
     got: dict[str, dict[str, list[float]]] = {v: {} for v in values}
     gc.collect()
     gc.freeze()
     try:
         for _ in range(rounds):
             for label, v in values.items():
-                setattr(engine_mod, attr, v)
+                apply(v)
                 since = None
                 for i in range(ticks):
                     kind = eng.next_tick_kind()
@@ -78,7 +101,6 @@ def by_position(
                         since, key = 0, kind
                     got[label].setdefault(key, []).append(dt)
     finally:
-        setattr(engine_mod, attr, keep)
         gc.unfreeze()
     return {v: {k: pct(x) for k, x in sorted(d.items())} for v, d in got.items()}
 
@@ -159,6 +181,13 @@ def main() -> int:
         help="runtime/engine.py WARM_NEXT values, comma-separated, each none or words joined "
         "by + (e.g. none,check,upload,check+upload)",
     )
+    ap.add_argument(
+        "--pin-variants",
+        default="",
+        help="the stepping thread's scheduling, comma-separated: none, pin (one core), nice "
+        "(nice -20), pin+nice",
+    )
+    ap.add_argument("--core", type=int, default=3, help="the core --pin-variants pins to")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each variant value")
     ap.add_argument(
         "--post-infer",
@@ -183,6 +212,17 @@ def main() -> int:
         spins = {x: float(x) for x in a.spin_variants.split(",")}
         out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "by_spin": {}}
         out["by_spin"] = by_position(eng, obs, "SPIN_WAIT_S", spins, a.rounds, a.ticks)
+        report(out, a.out)
+        return 0
+    if a.pin_variants:
+        pins = {x: x for x in a.pin_variants.split(",")}
+        out = {"spec": a.spec, "size": a.size, "fuse": not a.no_fuse, "core": a.core}
+        try:
+            out["by_pin"] = by_setting(
+                eng, obs, lambda v: pin_thread(v, a.core), pins, a.rounds, a.ticks
+            )
+        finally:
+            pin_thread("none", a.core)
         report(out, a.out)
         return 0
     if a.warm_variants:

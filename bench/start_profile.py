@@ -92,7 +92,7 @@ def main() -> int:
         "--cprofile",
         action="store_true",
         help="also a third warm start with the Engine's build under cProfile: OUT/warm.prof and "
-        "its 40 costliest calls (cumulative) in OUT/warm_profile.txt",
+        "its 60 costliest calls (cumulative) and 30 (own time) in OUT/warm_profile.txt",
     )
     ap.add_argument(
         "--env",
@@ -123,7 +123,8 @@ def main() -> int:
             import pstats
 
             text = io.StringIO()
-            pstats.Stats(str(prof), stream=text).sort_stats("cumulative").print_stats(40)
+            pstats.Stats(str(prof), stream=text).sort_stats("cumulative").print_stats(60)
+            pstats.Stats(str(prof), stream=text).sort_stats("tottime").print_stats(30)
             (out / "warm_profile.txt").write_text(text.getvalue())
     for k, v in rows.items():
         print(k, v, flush=True)

@@ -3,9 +3,10 @@ interpreter's start to the first step, cold (empty compile caches) and warm (the
 
     python3 bench/start_profile.py --out DIR [--policy builtin:hybrid] [--device cuda]
 
-Each start is a new process (what a `ros2 launch` pays): import torch, CUDA init, import
-flashrt_ros, load the policy, build the Engine (its build_s phases: compile and capture, the
-checksum kernel...), the first step. Writes DIR/start_profile.json.
+Each start is a new process (what a `ros2 launch` pays): the node's bytecode cache
+(node/bytecode.py, in the temporary folder; FLASHRT_PYCACHE=0 turns it off), import torch,
+CUDA init, import flashrt_ros, load the policy, build the Engine (its build_s phases:
+compile and capture, the checksum kernel...), the first step. Writes DIR/start_profile.json.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 t = {"spawn_to_main": time.time() - float(sys.argv[1])}
 t0 = time.perf_counter()
+sys.path.insert(0, {root!r})
+if os.environ.get("FLASHRT_PYCACHE") != "0":
+    from flashrt_ros.node import bytecode
+    t["bytecode"] = bytecode.enable()  # as the node does, before torch is imported
 import torch
 t["import_torch"] = time.perf_counter() - t0; t0 = time.perf_counter()
 dev = sys.argv[2]
@@ -70,8 +75,9 @@ def start(
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.update(env_extra or {})
     t = time.time()
+    child = CHILD.replace("{root!r}", repr(str(ROOT)))
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, repr(t), device, policy, cache, fuse, prof],
+        [sys.executable, "-c", child, repr(t), device, policy, cache, fuse, prof],
         capture_output=True,
         text=True,
         env=env,
@@ -106,6 +112,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = {}
     with tempfile.TemporaryDirectory() as cache:
+        if "FLASHRT_PYCACHE" not in os.environ:  # the node's bytecode cache, cold at first
+            os.environ["FLASHRT_PYCACHE"] = str(Path(cache) / "pycache")
         rows["cold"] = start(args.policy, args.device, cache, "auto")
         rows["warm"] = start(args.policy, args.device, cache, "auto")
         rows["warm2"] = start(args.policy, args.device, cache, "auto")

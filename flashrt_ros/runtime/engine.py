@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 SPIN_WAIT_S = 0.002  # a step's wait polls (holding the GIL) up to this long, then blocks
 # What a step that staged inputs does, while the device still runs it, for the next tick when that
 # is of another kind (a chunked policy's queue tick after its infer tick): "check" runs the
-# observation's checks again (pure), "upload" uploads the next kind's graph (Engine._warm).
+# observation's checks again (pure), "upload" uploads the next kind's graph (Engine._warm);
+# "after" does both again once the tick is done, before step() returns.
 WARM_NEXT: tuple[str, ...] = ("check", "upload")
 
 
@@ -536,7 +537,9 @@ class Engine:
             elif s.io_in_graph:  # the graph uploads the inputs and downloads the outputs itself
                 plan.replay()
                 warm = bool(names) and len(s.plans) > 1 and bool(WARM_NEXT) and self._warming
-                self._wait((lambda: self._warm(s, x, kind)) if warm else None)
+                self._wait((lambda: self._warm(s, x, kind, WARM_NEXT)) if warm else None)
+                if warm and "after" in WARM_NEXT:
+                    self._warm(s, x, kind, ("check", "upload"))
             else:
                 for n in names:
                     copy_io(s.inputs.dev[n], s.inputs.host[n])
@@ -562,7 +565,7 @@ class Engine:
                 "restored or branched into it, or it is reset"
             )
 
-    def _warm(self, s: Session, x, kind: int) -> None:
+    def _warm(self, s: Session, x, kind: int, what: tuple[str, ...]) -> None:
         """Host work for the next tick, done while the device runs this one (see WARM_NEXT).
 
         The first queue tick after an infer tick took twice the others (bench/queue_probe.py):
@@ -573,9 +576,9 @@ class Engine:
         if nxt == kind:
             return
         try:
-            if "check" in WARM_NEXT:
+            if "check" in what:
                 self._obs(x)
-            if "upload" in WARM_NEXT:
+            if "upload" in what:
                 s.plans[nxt].upload()
         except Exception as e:  # noqa: BLE001 - only time is at stake: never fail a step for it
             self._warming = False

@@ -88,7 +88,8 @@ def test_captured_ticks_match_eager_and_restore_branch_rewind_replay_bitwise(nam
 
 def test_warming_the_next_tick_changes_no_action(monkeypatch):
     """Engine._warm (an infer tick re-checks its observation and uploads the next kind's graph
-    while the device runs): the same actions to the bit with it and without it."""
+    while the device runs, and with "after" once more when it is done): the same actions to the
+    bit with it and without it."""
     import flashrt_ros.runtime.engine as engine_mod
 
     calls = []
@@ -100,7 +101,7 @@ def test_warming_the_next_tick_changes_no_action(monkeypatch):
 
     monkeypatch.setattr(engine_mod.Engine, "_warm", counted)
     got = {}
-    for warm in [("check", "upload"), ()]:
+    for warm in [("check", "upload"), ("check", "upload", "after"), ()]:
         monkeypatch.setattr(engine_mod, "WARM_NEXT", warm)
         eng = Engine(builtin("builtin:diffusion"), device="cuda", seed=1, fuse=False)
         assert eng.policy.tick_kinds[1] == "queue"
@@ -110,7 +111,10 @@ def test_warming_the_next_tick_changes_no_action(monkeypatch):
         assert eng._warming
         # with it on, the infer and record ticks warmed (unless the device was already done)
         assert bool(calls) == bool(warm), calls
+        # "after" warms every tick that staged inputs, whether or not the device was done
+        assert ("check", "upload") in calls if "after" in warm else True, calls
     assert np.array_equal(got[("check", "upload")], got[()])
+    assert np.array_equal(got[("check", "upload", "after")], got[()])
 
 
 @pytest.mark.parametrize("top", ["rgb8", "bgr8"])

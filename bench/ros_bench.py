@@ -1413,12 +1413,12 @@ def main() -> int:
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
         "--only",
-        choices=("camera", "timer", "services", "start"),
+        choices=("camera", "timer", "services", "start", "observation"),
         default=None,
         help="run only this scenario, with its floors unless --no-floors (camera: the image "
         "echo; timer: the --rates rows, without services, and the timer floors; services: the "
         "500 Hz row with its service round trips, and the service floor; start: the cold, warm "
-        "and floor starts)",
+        "and floor starts; observation: the observation trigger in lockstep, and the echo floor)",
     )
     ap.add_argument(
         "--camera-fastdds-profile",
@@ -1522,7 +1522,9 @@ def main() -> int:
         )  # fmt: skip
         if r is not None:
             offset_rows.append(r[0])
-    obs = attempt("observation", run_observation, args, args.obs_samples) if full else None
+    obs = None
+    if full or args.only == "observation":
+        obs = attempt("observation", run_observation, args, args.obs_samples)
     flight = None
     if args.seconds_flight > 0 and full:
         got = {}
@@ -1586,6 +1588,7 @@ def main() -> int:
                     "camera": ("image_echo", "image_echo_30hz"),
                     "timer": ("timer_500", "timer_1000"),
                     "services": ("service",),
+                    "observation": ("echo",),
                 }.get(args.only, ())  # start: its floor is one of the starts
             ):
                 continue

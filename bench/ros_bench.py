@@ -333,6 +333,8 @@ def node_params(args, **extra) -> dict:
         p["realtime_priority"] = args.realtime_priority
     if args.busy_wait:
         p["busy_wait"] = True
+    if args.cpu_affinity:
+        p["cpu_affinity"] = args.cpu_affinity
     p.update(extra)
     return p
 
@@ -1359,6 +1361,12 @@ def main() -> int:
         "timer floor's thread (0 = normal scheduling for both)",
     )
     ap.add_argument(
+        "--cpu-affinity",
+        default="",
+        help="the node's cpu_affinity parameter: the CPUs of the thread that steps, as taskset -c "
+        "takes them ('' = any CPU; the floors are not pinned)",
+    )
+    ap.add_argument(
         "--busy-wait",
         action="store_true",
         help="the node's busy_wait parameter (its stepping thread polls instead of sleeping), "
@@ -1631,6 +1639,7 @@ def main() -> int:
         "policy": args.policy,
         "busy_wait": args.busy_wait,
         "realtime_priority": args.realtime_priority,
+        "cpu_affinity": args.cpu_affinity,
         "quick": q,
         "errors": errors,
         "floors_retried": retried,

@@ -271,6 +271,64 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
     assert len(c.commands) > n
 
 
+def _cpu_sets(pid: int) -> list[frozenset[int]]:
+    """The CPUs each thread of the process may run on."""
+    import os
+    from pathlib import Path
+
+    sets = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            sets.append(frozenset(os.sched_getaffinity(int(task.name))))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sets
+
+
+def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
+    """cpu_affinity: the control thread (and only it) runs on those CPUs; a thread it starts
+    (the services' thread, after deactivate) runs on all of them again; CPUs the process may
+    not use are refused with a warning, and the node steps either way."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = frozenset({cpus[-1]})
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 200.0, "cpu_affinity": str(cpus[-1])})
+    c = NodeClient(ros, proc)
+    stream(c, 0.5, 100.0)
+    assert ros.spin_until(lambda: len(c.commands) > 20, 10.0), proc.log_tail()
+    assert f"flashrt-control runs on CPU {cpus[-1]}" in proc.log_path.read_text(errors="replace")
+    sets = _cpu_sets(proc.pid)
+    if len(cpus) > 1:
+        assert sets.count(mine) == 1, sets
+        assert all(s == frozenset(cpus) for s in sets if s != mine), sets
+    assert c.call("checkpoint", name="pinned").success
+    change = ros.client(ChangeState, proc.service("change_state"))
+    deactivate = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_DEACTIVATE))
+    assert ros.call(change, deactivate, 60).success
+    assert c.call("list_capsules").capsules  # the services' own thread, started anew
+    assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-services")
+    assert all(s == frozenset(cpus) for s in _cpu_sets(proc.pid)), _cpu_sets(proc.pid)
+    activate = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_ACTIVATE))
+    assert ros.call(change, activate, 60).success
+    if len(cpus) > 1:
+        assert _cpu_sets(proc.pid).count(mine) == 1
+    n = len(c.commands)
+    stream(c, 0.3, 100.0)
+    assert len(c.commands) > n
+
+    proc.stop()
+    outside = max(cpus) + 64  # a CPU this process may not use
+    proc2 = ros.start_node({"trigger": "timer", "rate_hz": 200.0, "cpu_affinity": str(outside)})
+    c2 = NodeClient(ros, proc2)
+    stream(c2, 0.5, 100.0)
+    assert ros.spin_until(lambda: len(c2.commands) > 20, 10.0), proc2.log_tail()
+    log = proc2.log_path.read_text(errors="replace")
+    assert f"cpu_affinity='{outside}' not applied to flashrt-control" in log, log
+    assert "it runs on any CPU" in log
+    assert all(s == frozenset(cpus) for s in _cpu_sets(proc2.pid))
+
+
 def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
     """At 1 kHz on this CPU a step of builtin:hybrid takes longer than the period: every tick
     overruns, and `last_overrun` splits the tick (inputs, lock, step, publish), so an operator

@@ -42,6 +42,9 @@ BAD = [  # (overrides, the parameter the error names): one of each class of bad 
     ({"trigger": "observation", "cameras": ["top"], "step_on": ["side"]}, "step_on"),
     ({"cameras": ["top"], "step_on": ["top"]}, "step_on"),  # the timer steps at rate_hz
     ({"trigger": "observation", "cameras": ["joint_states"]}, "cameras"),
+    ({"cpu_affinity": "two"}, "cpu_affinity"),
+    ({"cpu_affinity": "2,"}, "cpu_affinity"),
+    ({"cpu_affinity": "5-2"}, "cpu_affinity"),  # a range that runs backwards
 ]
 
 
@@ -71,6 +74,18 @@ def test_bad_value_is_refused_naming_the_parameter(values, name):
     with pytest.raises(ParamError) as e:
         NODE_PARAMS.config(values)
     assert str(e.value).startswith(f"parameter {name}=") and "; accepts " in str(e.value)
+
+
+def test_cpu_lists_read_as_taskset_reads_them():
+    from flashrt_ros.node.params import parse_cpus
+
+    assert parse_cpus("") == frozenset()
+    assert parse_cpus("3") == {3}
+    assert parse_cpus("0,2-4,9") == {0, 2, 3, 4, 9}
+    assert parse_cpus("4-4") == {4}
+    for bad in ("5-2", " 3", "3 ", "-1", "1,,2", "a"):
+        with pytest.raises(ValueError):
+            parse_cpus(bad)
 
 
 def test_integers_are_taken_where_doubles_are_declared():

@@ -45,7 +45,7 @@ from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_realtime, throttle_note
+from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_affinity, set_realtime, throttle_note
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
@@ -314,7 +314,7 @@ class FlashrtNode(LifecycleNode):
                 busy=self.cfg.busy_wait,
             )
             self.diagnostics.by_loop = True
-            self._realtime(self._loop.start())
+            self._schedule(self._loop.start())
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
 
@@ -354,7 +354,25 @@ class FlashrtNode(LifecycleNode):
             self._cams.start_decoding()  # the compressed cameras' thread, if any
         thread = self._inputs.start()
         if self.cfg.trigger == "observation":  # its thread steps
-            self._realtime(thread)
+            self._schedule(thread)
+
+    def _schedule(self, thread) -> None:
+        """The stepping thread on `cpu_affinity`'s CPUs and at `realtime_priority`."""
+        self._pin(thread)
+        self._realtime(thread)
+
+    def _pin(self, thread) -> None:
+        """The stepping thread kept on `cpu_affinity`'s CPUs ('': left as it is)."""
+        text = self.cfg.cpu_affinity
+        if not text or thread is None:
+            return
+        why = set_affinity(thread, params.parse_cpus(text))
+        if why:
+            self.get_logger().warning(
+                f"cpu_affinity={text!r} not applied to {thread.name}: {why}; it runs on any CPU"
+            )
+        else:
+            self.get_logger().info(f"{thread.name} runs on CPU {text}")
 
     def _realtime(self, thread) -> None:
         """The stepping thread at `realtime_priority` (0: left as it is)."""

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 
-from flashrt_ros.node.loop import set_realtime
+from flashrt_ros.node.loop import set_affinity, set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
 
 
@@ -166,9 +166,10 @@ class ServiceHost(WaitLoop):
                     if self._wanted and self.context.ok():
                         super().start()
                         # started by a thread that may run under SCHED_FIFO
-                        # (realtime_priority), whose policy a new thread inherits: the
-                        # services run normally scheduled
+                        # (realtime_priority) and on pinned CPUs (cpu_affinity), which a
+                        # new thread inherits: the services run normally scheduled
                         set_realtime(self._thread, 0)
+                        set_affinity(self._thread, None)
                         self._resume_parked()
 
     @contextlib.contextmanager

@@ -51,6 +51,32 @@ def set_realtime(thread: threading.Thread | None, priority: int) -> str:
     return ""
 
 
+# The CPUs this process may use, taken when the node starts: what a thread pinned by
+# `cpu_affinity` hands on to a thread it starts is put back to this (set_affinity(t, None)).
+PROCESS_CPUS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def set_affinity(thread: threading.Thread | None, cpus: frozenset[int] | None) -> str:
+    """Keep a started thread on `cpus` (the `cpu_affinity` parameter), or, with None, let it
+    run on every CPU of the process again (a new thread inherits its creator's CPUs): "" when
+    done, else why not (CPUs the process may not use, not Linux)."""
+    tid = getattr(thread, "native_id", None)
+    if PROCESS_CPUS is None or tid is None:
+        return "CPU affinity is not available here"
+    want = PROCESS_CPUS if cpus is None else cpus
+    outside = sorted(want - PROCESS_CPUS)
+    if outside:
+        return (
+            f"CPUs {outside} are not among the {len(PROCESS_CPUS)} this process may use "
+            f"({','.join(map(str, sorted(PROCESS_CPUS)))})"
+        )
+    try:
+        os.sched_setaffinity(tid, want)
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
+
+
 def throttle_note(
     priority: int, busy: bool, runtime_path: str = "/proc/sys/kernel/sched_rt_runtime_us"
 ) -> str:

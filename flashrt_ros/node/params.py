@@ -551,7 +551,32 @@ def rcl_value(raw: str) -> Any:
 # -- the flashrt node --------------------------------------------------------------------------
 
 
+CPU_LIST = r"(\d+(-\d+)?(,\d+(-\d+)?)*)?"  # taskset -c's list: "3", "2,3", "4-7,9", or ""
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """The CPU numbers of a `cpu_affinity` list ("" = none); ValueError for a malformed list
+    or a range that runs backwards ("5-2")."""
+    if not re.fullmatch(CPU_LIST, text):
+        raise ValueError(f"{text!r} is not a CPU list such as '3', '2,3' or '4-7'")
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise ValueError(f"the range {part!r} runs backwards")
+        cpus.update(range(a, b + 1))
+    return frozenset(cpus)
+
+
 def _node_cross(v: Mapping[str, Any]) -> list[str]:
+    try:
+        parse_cpus(v["cpu_affinity"])
+    except ValueError as e:
+        return [
+            f"parameter cpu_affinity={v['cpu_affinity']!r} ({e}); accepts CPU numbers and "
+            "ranges as taskset -c takes them"
+        ]
     names = [c.partition(":")[0] for c in v["cameras"]]
     dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if dup is not None:
@@ -669,6 +694,18 @@ NODE_PARAMS = ParamTable(
             "(0 = normal scheduling)",
             lo=0,
             hi=99,
+        ),
+        Param(
+            "cpu_affinity",
+            "",
+            "string",
+            "CPUs the thread that steps runs on (as `taskset -c` takes them: '3', '2,3', "
+            "'4-7'), so the scheduler never moves it to a CPU whose caches are cold; pair it "
+            "with CPUs kept free of other work (isolcpus, a cpuset); CPUs this process may not "
+            "use give a warning and no pinning ('' = any CPU)",
+            pattern=CPU_LIST,
+            pattern_text="CPU numbers and ranges as taskset -c takes them, e.g. '3', '2,3' or "
+            "'4-7' ('' = any CPU)",
         ),
         Param(
             "busy_wait",

@@ -45,6 +45,7 @@ BAD = [  # (overrides, the parameter the error names): one of each class of bad 
     ({"cpu_affinity": "two"}, "cpu_affinity"),
     ({"cpu_affinity": "2,"}, "cpu_affinity"),
     ({"cpu_affinity": "5-2"}, "cpu_affinity"),  # a range that runs backwards
+    ({"cpu_affinity": "0-99999999"}, "cpu_affinity"),
 ]
 
 
@@ -83,7 +84,7 @@ def test_cpu_lists_read_as_taskset_reads_them():
     assert parse_cpus("3") == {3}
     assert parse_cpus("0,2-4,9") == {0, 2, 3, 4, 9}
     assert parse_cpus("4-4") == {4}
-    for bad in ("5-2", " 3", "3 ", "-1", "1,,2", "a"):
+    for bad in ("5-2", " 3", "3 ", "-1", "1,,2", "a", "0-99999999999"):
         with pytest.raises(ValueError):
             parse_cpus(bad)
 

@@ -552,11 +552,12 @@ def rcl_value(raw: str) -> Any:
 
 
 CPU_LIST = r"(\d+(-\d+)?(,\d+(-\d+)?)*)?"  # taskset -c's list: "3", "2,3", "4-7,9", or ""
+MAX_CPU = 8191  # Linux's largest CPU number (NR_CPUS at most 8192)
 
 
 def parse_cpus(text: str) -> frozenset[int]:
-    """The CPU numbers of a `cpu_affinity` list ("" = none); ValueError for a malformed list
-    or a range that runs backwards ("5-2")."""
+    """The CPU numbers of a `cpu_affinity` list ("" = none); ValueError for a malformed list,
+    a range that runs backwards ("5-2") or a CPU number no Linux has."""
     if not re.fullmatch(CPU_LIST, text):
         raise ValueError(f"{text!r} is not a CPU list such as '3', '2,3' or '4-7'")
     cpus: set[int] = set()
@@ -565,6 +566,8 @@ def parse_cpus(text: str) -> frozenset[int]:
         a, b = int(lo), int(hi or lo)
         if b < a:
             raise ValueError(f"the range {part!r} runs backwards")
+        if b > MAX_CPU:
+            raise ValueError(f"CPU numbers go up to {MAX_CPU}")
         cpus.update(range(a, b + 1))
     return frozenset(cpus)
 

@@ -26,7 +26,6 @@ CHILD = r"""
 import json, os, sys, time
 t = {"spawn_to_main": time.time() - float(sys.argv[1])}
 t0 = time.perf_counter()
-sys.path.insert(0, {root!r})
 if os.environ.get("FLASHRT_PYCACHE") != "0":
     from flashrt_ros.node import bytecode
     t["bytecode"] = bytecode.enable()  # as the node does, before torch is imported
@@ -75,9 +74,8 @@ def start(
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.update(env_extra or {})
     t = time.time()
-    child = CHILD.replace("{root!r}", repr(str(ROOT)))
     r = subprocess.run(
-        [sys.executable, "-c", child, repr(t), device, policy, cache, fuse, prof],
+        [sys.executable, "-c", CHILD, repr(t), device, policy, cache, fuse, prof],
         capture_output=True,
         text=True,
         env=env,

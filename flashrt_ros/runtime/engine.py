@@ -566,7 +566,8 @@ class Engine:
             )
 
     def _warm(self, s: Session, x, kind: int, what: tuple[str, ...]) -> None:
-        """Host work for the next tick, done while the device runs this one (see WARM_NEXT).
+        """Host work for the next tick (`what`: "check", "upload"), done while the device runs
+        this one, or once it is done with WARM_NEXT's "after".
 
         The first queue tick after an infer tick took twice the others (bench/queue_probe.py):
         the infer tick's 1.8 MB image copy and long wait leave the host's caches cold for the

@@ -220,7 +220,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", type=Path, help="write {'policies': rows} as JSON here")
+    ap.add_argument(
+        "--out", type=Path, help="write {'policies': rows, 'tick_floor': ...} as JSON here"
+    )
+    ap.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the tick floor (bench/tick_floor.py, CUDA only: the smallest graph tick "
+        "timed the same way, for the queue rows' p99/p50)",
+    )
     ap.add_argument(
         "--only",
         default="",
@@ -229,15 +237,24 @@ def main() -> int:
     )
     a = ap.parse_args()
 
+    out: dict = {"policies": []}
+
     def save(rows: list[dict]) -> None:
+        out["policies"] = rows
         if a.out:
-            a.out.write_text(json.dumps({"policies": rows}, indent=1))
+            a.out.write_text(json.dumps(out, indent=1))
 
     rows = policies_rows(
         a.device, a.quick, log=lambda *x: print(*x, flush=True), on_rows=save, only=a.only
     )
     for r in rows:
         print(json.dumps(r))
+    if torch.device(a.device).type == "cuda" and not a.no_floor:
+        from bench.tick_floor import measure
+
+        out["tick_floor"] = measure(ticks=2000, busy_ms=8.0, after=7)
+        print("tick_floor", json.dumps(out["tick_floor"]), flush=True)
+        save(rows)
     return 1 if any("error" in r for r in rows) else 0
 
 

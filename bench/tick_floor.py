@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_ros.runtime.engine import SPIN_WAIT_S  # noqa: E402
 
+MAX_MATMULS = 4096  # a bound on the busy graph's size, whatever the calibration says
+
 
 def pct(a: list[float] | np.ndarray) -> dict:
     x = np.asarray(a, dtype=float)
@@ -65,10 +67,11 @@ class Waiter:
 
 
 def capture(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
-    """fn run twice on `stream` (warm-up), then captured."""
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
+    """fn run twice (warm-up), then captured; all on `stream`, which the caller has made the
+    current stream, so that replays and Waiter's event are on it too."""
+    assert torch.cuda.current_stream() == stream, "make `stream` current first"
+    fn()
+    fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
@@ -111,46 +114,50 @@ def busy_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
         wait()
         t.append(time.perf_counter() - t0)
     per = float(np.median(t)) / 16
-    n = max(1, round(ms / 1e3 / per))
+    n = min(MAX_MATMULS, max(1, round(ms / 1e3 / per)))
     return capture(chain(n), stream), n
 
 
 def measure(ticks: int, busy_ms: float, after: int) -> dict:
     stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # everything below runs, and is waited for, on `stream`
+        return _measure(stream, ticks, busy_ms, after)
+
+
+def _measure(stream: torch.cuda.Stream, ticks: int, busy_ms: float, after: int) -> dict:
     wait = Waiter(stream)
     tiny, host = tiny_graph(stream)
     busy, n_mm = busy_graph(stream, busy_ms, wait)
     gc.collect()
     gc.freeze()  # as the benches do: no collector pass over torch's objects in a tick
     try:
-        with torch.cuda.stream(stream):
-            steady = []
-            for _ in range(ticks + 20):
+        steady = []
+        for _ in range(ticks + 20):
+            t0 = time.perf_counter()
+            tiny.replay()
+            wait()
+            np.isfinite(host.numpy()).all()
+            steady.append((time.perf_counter() - t0) * 1e6)
+        src, dst = np.zeros(14, np.float32), np.zeros(14, np.float32)
+        plain = []
+        for _ in range(ticks + 20):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            np.isfinite(dst).all()
+            plain.append((time.perf_counter() - t0) * 1e6)
+        by_pos: dict[str, list[float]] = {}
+        busy_t = []
+        for _ in range(max(1, ticks // after)):
+            t0 = time.perf_counter()
+            busy.replay()
+            wait()
+            busy_t.append((time.perf_counter() - t0) * 1e6)
+            for k in range(1, after + 1):
                 t0 = time.perf_counter()
                 tiny.replay()
                 wait()
                 np.isfinite(host.numpy()).all()
-                steady.append((time.perf_counter() - t0) * 1e6)
-            src, dst = np.zeros(14, np.float32), np.zeros(14, np.float32)
-            plain = []
-            for _ in range(ticks + 20):
-                t0 = time.perf_counter()
-                np.copyto(dst, src)
-                np.isfinite(dst).all()
-                plain.append((time.perf_counter() - t0) * 1e6)
-            by_pos: dict[str, list[float]] = {}
-            busy_t = []
-            for _ in range(max(1, ticks // after)):
-                t0 = time.perf_counter()
-                busy.replay()
-                wait()
-                busy_t.append((time.perf_counter() - t0) * 1e6)
-                for k in range(1, after + 1):
-                    t0 = time.perf_counter()
-                    tiny.replay()
-                    wait()
-                    np.isfinite(host.numpy()).all()
-                    by_pos.setdefault(f"+{k}", []).append((time.perf_counter() - t0) * 1e6)
+                by_pos.setdefault(f"+{k}", []).append((time.perf_counter() - t0) * 1e6)
     finally:
         gc.unfreeze()
     after_all = [x for v in by_pos.values() for x in v]

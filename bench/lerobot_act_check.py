@@ -213,14 +213,24 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=230, help="ticks compared (2+ inferences)")
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--timing-ticks", type=int, default=1000, help="CUDA timing (0: skip)")
+    ap.add_argument(
+        "--hide",
+        default="transformers",
+        help="comma-separated modules to hide from LeRobot ('' = none): LeRobot 0.4.4's "
+        "package imports its GR00T policy, which fails beside transformers 5 (the GPU "
+        "machine's); ACT does not use transformers",
+    )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    for name in filter(None, a.hide.split(",")):
+        sys.modules[name] = None  # find_spec() says absent, import raises ImportError
     try:
         import lerobot
     except ImportError:
         print("lerobot_act_check: needs the lerobot package (pip install lerobot)", file=sys.stderr)
         return 2
     r: dict = {"lerobot": getattr(lerobot, "__version__", "?"), "torch": torch.__version__}
+    r["hidden_modules"] = a.hide
     r["device"] = a.device
     r["queue"] = compare(False, a.device, a.ticks, a.atol)
     print("queue", r["queue"], flush=True)

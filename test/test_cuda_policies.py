@@ -86,6 +86,45 @@ def test_captured_ticks_match_eager_and_restore_branch_rewind_replay_bitwise(nam
     assert np.array_equal(run(graph, obs[-7:]), got[-7:])
 
 
+class HostZeros(torch.nn.Module):
+    """LeRobot's ACT makes its latent as torch.zeros(...).to(device): a tensor made on the host,
+    copied to the device from pageable memory, which CUDA graph capture refuses."""
+
+    def __init__(self):
+        from test import lerobot_like as ll
+
+        super().__init__()
+        self.config = ll.Config(
+            input_features=ll.features(),
+            output_features={"action": ll.PolicyFeature(ll.FeatureType.ACTION, (ll.ACTION_DIM,))},
+            n_obs_steps=1,
+        )
+        g = torch.Generator().manual_seed(2)
+        self.w = torch.nn.Parameter(torch.randn(ll.STATE_DIM + 4, 6 * ll.ACTION_DIM, generator=g))
+
+    def predict_action_chunk(self, batch: dict) -> torch.Tensor:
+        dev = batch["observation.state"].device
+        feats = torch.cat(
+            [
+                batch["observation.state"],
+                batch["observation.images.top"].mean((-1, -2)),
+                batch["observation.images.wrist"].mean((-1, -2)),
+            ],
+            -1,
+        )
+        bias = torch.zeros([1, 6, 3], dtype=torch.float32).to(dev) + 0.5  # made on the host
+        return torch.tanh(feats @ self.w).view(1, 6, 3) + bias
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_step_that_makes_host_tensors_is_captured_on_the_device(fuse):
+    graph = Engine(ChunkedPolicy(HostZeros()), device="cuda", seed=3, fuse=fuse)
+    eager = Engine(ChunkedPolicy(HostZeros()), device="cuda", seed=3, use_graph=False)
+    assert graph.session("main").captured
+    obs = stream(graph, 10)
+    np.testing.assert_allclose(run(graph, obs), run(eager, obs), rtol=0, atol=TOL)
+
+
 def test_warming_the_next_tick_changes_no_action(monkeypatch):
     """Engine._warm (an infer tick re-checks its observation and uploads the next kind's graph
     while the device runs, and with "after" once more when it is done): the same actions to the

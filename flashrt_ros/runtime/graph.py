@@ -27,6 +27,11 @@ class StepPlan:
 
         Warm-up really runs the step, so the buffers in `protect` are saved first and put back
         after capture: building the plan leaves the session's state as it found it.
+
+        Both run with the plan's device as torch's default device: a tensor the step makes
+        without naming a device is made there. LeRobot's ACTPolicy makes its latent as
+        `torch.zeros(...).to(device)`, a copy from pageable host memory, which capture refuses;
+        made on the device, the `.to()` is a no-op and the fill is captured like any kernel.
         """
         if not self.use_graph:
             return
@@ -34,12 +39,12 @@ class StepPlan:
         cur = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(cur)
-        with torch.cuda.stream(side), torch.no_grad():
+        with torch.cuda.stream(side), torch.no_grad(), self.device:
             for _ in range(warmup):
                 self.fn()
         cur.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
+        with torch.no_grad(), self.device, torch.cuda.graph(graph):
             self.fn()
         for t, s in zip(protect, saved, strict=True):
             t.copy_(s)

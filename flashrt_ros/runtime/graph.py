@@ -5,6 +5,7 @@ On the CPU the same step function runs over the same static buffers (the referen
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -15,8 +16,16 @@ from flashrt_ros.cuda.driver import check, drv, stream
 class StepPlan:
     """Replays `fn`, a closure over static buffers that updates them in place."""
 
-    def __init__(self, fn: Callable[[], None], device: torch.device, use_graph: bool = True):
+    def __init__(
+        self,
+        fn: Callable[[], None],
+        device: torch.device,
+        use_graph: bool = True,
+        default_device: bool = False,
+    ):
+        """`default_device`: capture with `device` as torch's default device (capture())."""
         self.fn = fn
+        self.default_device = default_device
         self.device = torch.device(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.use_graph = use_graph and self.device.type == "cuda"
@@ -28,10 +37,13 @@ class StepPlan:
         Warm-up really runs the step, so the buffers in `protect` are saved first and put back
         after capture: building the plan leaves the session's state as it found it.
 
-        Both run with the plan's device as torch's default device: a tensor the step makes
-        without naming a device is made there. LeRobot's ACTPolicy makes its latent as
+        With `default_device` (the session sets it for eager kernels, not for a compiled
+        step) both run with the plan's device as torch's default device: a tensor the step
+        makes without naming a device is made there. LeRobot's ACTPolicy makes its latent as
         `torch.zeros(...).to(device)`, a copy from pageable host memory, which capture refuses;
         made on the device, the `.to()` is a no-op and the fill is captured like any kernel.
+        (Inductor moves such constructors to the device itself; and a compiled step's guards
+        would see the extra mode.) Replays run no Python, so ticks pay nothing for it.
         """
         if not self.use_graph:
             return
@@ -39,12 +51,13 @@ class StepPlan:
         cur = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(cur)
-        with torch.cuda.stream(side), torch.no_grad(), self.device:
+        where = self.device if self.default_device else contextlib.nullcontext()
+        with torch.cuda.stream(side), torch.no_grad(), where:
             for _ in range(warmup):
                 self.fn()
         cur.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), self.device, torch.cuda.graph(graph):
+        with torch.no_grad(), where, torch.cuda.graph(graph):
             self.fn()
         for t, s in zip(protect, saved, strict=True):
             t.copy_(s)

@@ -203,7 +203,7 @@ class Session:
                 raw_step(policy, x, views, action, chunk, kind)
 
         self._step_fns.append(step_fn)
-        plan = StepPlan(step_fn, device, use_graph)
+        plan = StepPlan(step_fn, device, use_graph, default_device=fused is None)
         if plan.use_graph:
             host = {n: self.inputs.host[n] for n in names}
             host_action, host_chunk = self.host_action, self.host_chunk

@@ -128,10 +128,14 @@ class ChunkedPolicy(Policy):
             if self.n_action != 1:
                 raise BadRequest("temporal ensembling infers every tick: n_action_steps must be 1")
         self.coeff = None if coeff is None else float(coeff)
-        # a module that must not be compiled says so (policies/base.py Policy.fuse_default)
-        self.fuse_default = bool(getattr(module, "fuse_default", True))
         parts = getattr(module, "fuse_parts", ())  # see compile_parts
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
+        # By default the step is captured unfused (its eager kernels), unless the module names
+        # parts to compile (fuse_parts, compiled in place) or opts in with fuse_default = True.
+        # Inductor's whole step of a chunked policy read the step counter after the in-place
+        # increment that follows it: a captured queue tick popped the next row (H200, torch
+        # 2.11, test_cuda_policies.py; docs/design.md).
+        self.fuse_default = bool(getattr(module, "fuse_default", bool(self.fuse_parts)))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params

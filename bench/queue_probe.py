@@ -27,25 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.policies_bench import observations  # noqa: E402
-from bench.timing import report  # noqa: E402
+from bench.timing import pct, report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 
 ALL_CORES = os.sched_getaffinity(0)
-
-
-def pct(a: list[float]) -> dict:
-    x = np.array(a)
-    return {
-        "n": len(a),
-        "p50_us": round(float(np.percentile(x, 50)), 1),
-        "p99_us": round(float(np.percentile(x, 99)), 1),
-        "ratio": round(float(np.percentile(x, 99) / max(np.percentile(x, 50), 1e-9)), 2),
-    }
 
 
 def by_position(

@@ -17,7 +17,8 @@ same loop around the least a tick can be, so the queue rows have a floor from th
   ~--busy-ms (a chain of matmuls, waited for the same way), as a queue tick follows an infer
   tick; grouped by distance from the busy graph ("+1" is the first tick after it).
 
-Its `floor` dict goes into the policies results (policies_bench.py --floor) and latest.json.
+policies_bench.py runs `measure()` after the policies on CUDA ("tick_floor" in its JSON;
+`--no-floor` skips it).
 """
 
 from __future__ import annotations
@@ -34,20 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import pct  # noqa: E402
 from flashrt_ros.runtime.engine import SPIN_WAIT_S  # noqa: E402
 
 MAX_MATMULS = 4096  # a bound on the busy graph's size, whatever the calibration says
-
-
-def pct(a: list[float] | np.ndarray) -> dict:
-    x = np.asarray(a, dtype=float)
-    p50, p99 = float(np.percentile(x, 50)), float(np.percentile(x, 99))
-    return {
-        "n": int(x.size),
-        "p50_us": round(p50, 1),
-        "p99_us": round(p99, 1),
-        "ratio": round(p99 / max(p50, 1e-9), 2),
-    }
 
 
 class Waiter:

@@ -55,6 +55,18 @@ def burst_timed(
     return out
 
 
+def pct(a: list[float] | np.ndarray) -> dict:
+    """{"n", "p50_us", "p99_us", "ratio": p99 / p50} of per-tick times in us."""
+    x = np.asarray(a, dtype=float)
+    p50, p99 = float(np.percentile(x, 50)), float(np.percentile(x, 99))
+    return {
+        "n": int(x.size),
+        "p50_us": round(p50, 1),
+        "p99_us": round(p99, 1),
+        "ratio": round(p99 / max(p50, 1e-9), 2),
+    }
+
+
 def p(a: np.ndarray, q: float) -> float:
     return round(float(np.percentile(a, q)), 2)
 

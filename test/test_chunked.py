@@ -274,8 +274,8 @@ def test_builtin_visuomotor_policies_restore_bit_for_bit(spec):
 
 
 def test_a_chunked_policy_is_captured_unfused_unless_it_compiles_parts_or_opts_in():
-    """Inductor's whole-step fusion of a chunked policy mis-ordered the step counter's read and
-    its increment on the H200 (chunked.py): the adapter's default keeps the eager kernels."""
+    """Inductor's whole step of a chunked policy, captured, gave wrong queue ticks on the H200
+    (chunked.py, docs/design.md): the adapter's default keeps the eager kernels."""
     assert not ChunkedPolicy(ll.LeRobotLike()).fuse_default
     parts = ll.LeRobotLike()
     parts.fuse_parts = ("w",)  # names a part to compile in place: the step is not fused whole

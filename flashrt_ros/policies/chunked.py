@@ -38,11 +38,26 @@ from flashrt_ros.policies.rng import hashed_normal
 INFER, QUEUE, RECORD = 0, 1, 2
 
 
+def type_name(v) -> str:
+    """A LeRobot feature type or normalization mode as its upper-case name: a string, or an
+    enum whose name is that."""
+    return str(getattr(v, "name", v)).upper()
+
+
 def feature_type(feature) -> str:
-    """ "STATE" | "VISUAL" | "ACTION" | ... from a LeRobot PolicyFeature's `.type` (a string or
-    an enum whose name is that)."""
-    t = getattr(feature, "type", None)
-    return str(getattr(t, "name", t)).upper()
+    """ "STATE" | "VISUAL" | "ACTION" | ... from a LeRobot PolicyFeature's `.type`."""
+    return type_name(getattr(feature, "type", None))
+
+
+def lerobot_config(module):
+    """The module's LeRobot-style `config`; BadRequest unless it also has predict_action_chunk."""
+    cfg = getattr(module, "config", None)
+    if cfg is None or not callable(getattr(module, "predict_action_chunk", None)):
+        raise BadRequest(
+            f"{type(module).__name__} is not LeRobot-shaped: it needs .config and "
+            ".predict_action_chunk(batch)"
+        )
+    return cfg
 
 
 def _shape(feature, name: str) -> tuple[int, ...]:
@@ -78,12 +93,7 @@ class ChunkedPolicy(Policy):
         n_obs_steps > 1, as LeRobot stacks it). `check_pure` calls predict_action_chunk twice
         on the same inputs at load and refuses a module whose outputs differ."""
         super().__init__()
-        cfg = getattr(module, "config", None)
-        if cfg is None or not callable(getattr(module, "predict_action_chunk", None)):
-            raise BadRequest(
-                f"{type(module).__name__} is not LeRobot-shaped: it needs .config and "
-                ".predict_action_chunk(batch)"
-            )
+        cfg = lerobot_config(module)
         self.module = module.eval()
         ins = dict(getattr(cfg, "input_features", None) or {})
         outs = dict(getattr(cfg, "output_features", None) or {})
@@ -132,9 +142,9 @@ class ChunkedPolicy(Policy):
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
         # By default the step is captured unfused (its eager kernels), unless the module names
         # parts to compile (fuse_parts, compiled in place) or opts in with fuse_default = True.
-        # Inductor's whole step of a chunked policy read the step counter after the in-place
-        # increment that follows it: a captured queue tick popped the next row (H200, torch
-        # 2.11, test_cuda_policies.py; docs/design.md).
+        # Inductor's whole step of a chunked policy, captured, popped the next tick's row on a
+        # queue tick (H200, torch 2.11; as if the step counter were read after the increment
+        # that ends the tick; docs/design.md).
         self.fuse_default = bool(getattr(module, "fuse_default", bool(self.fuse_parts)))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters

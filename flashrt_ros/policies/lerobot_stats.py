@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.policies.chunked import feature_type, lerobot_config, type_name
 
 EPS = 1e-8  # LeRobot's NormalizerProcessorStep default
 # mode -> (the two stats it reads: offset, scale-ish), as LeRobot's _apply_transform
@@ -46,20 +47,12 @@ MODES: dict[str, tuple[str, str]] = {
 }
 
 
-def _name(v) -> str:
-    """A mode or feature type as its upper-case name: a str, or an enum (its value or name)."""
-    for x in (getattr(v, "value", None), getattr(v, "name", None), v):
-        if isinstance(x, str):
-            return x.upper()
-    return str(v).upper()
-
-
 def _features(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (type name, shape) of the config's inputs and outputs."""
     out = {}
     for group in ("input_features", "output_features"):
         for name, f in dict(getattr(cfg, group, None) or {}).items():
-            out[name] = (_name(getattr(f, "type", "")), tuple(getattr(f, "shape", ()) or ()))
+            out[name] = (feature_type(f), tuple(getattr(f, "shape", ()) or ()))
     return out
 
 
@@ -92,12 +85,7 @@ class WithStats(nn.Module):
 
     def __init__(self, policy: nn.Module, stats: Mapping, eps: float = EPS):
         super().__init__()
-        cfg = getattr(policy, "config", None)
-        if cfg is None or not callable(getattr(policy, "predict_action_chunk", None)):
-            raise BadRequest(
-                f"{type(policy).__name__} is not LeRobot-shaped: it needs .config and "
-                ".predict_action_chunk(batch)"
-            )
+        cfg = lerobot_config(policy)
         if not isinstance(stats, Mapping):
             raise BadRequest(f"stats must be a dict of feature -> dict, got {type(stats)}")
         if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
@@ -106,7 +94,8 @@ class WithStats(nn.Module):
         self.config = cfg
         self.eps = float(eps)
         mapping = {
-            _name(k): _name(v) for k, v in dict(getattr(cfg, "normalization_mapping", {})).items()
+            type_name(k): type_name(v)
+            for k, v in dict(getattr(cfg, "normalization_mapping", {})).items()
         }
         feats = _features(cfg)
         unknown = sorted(set(stats) - set(feats))

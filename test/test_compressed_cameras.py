@@ -16,7 +16,7 @@ from bench.compressed_probe import thread_pace
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.obs.images import decode_compressed, engine_encoding, parse_cameras
 from flashrt_ros.runtime.inputs import immutable
-from test.node_client import NodeClient
+from test.node_client import NodeClient, settled_count
 from test.test_node_cameras import (  # noqa: F401
     SPEC,
     H,
@@ -287,7 +287,7 @@ def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_af
     stream(3.0, top_on=True)
     assert len(c.commands) >= 5 and np.isfinite(c.commands[-1]).all(), len(c.commands)
     stream(0.6, top_on=False)  # past obs_timeout_s: the ticks hold
-    held = len(c.commands)
+    held = settled_count(c, lambda s: stream(s, top_on=False))
     d = stream(5.0, top_on=False, until=lambda d: d["_message"].startswith("stale"))
     assert len(c.commands) == held
     assert d["stale_stream"] == "camera top" and int(d["camera.top.stale_steps"]) > 0, d

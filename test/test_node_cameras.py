@@ -13,7 +13,7 @@ from rclpy.qos import QoSDurabilityPolicy, QoSProfile
 from sensor_msgs.msg import Image
 from std_msgs.msg import UInt64MultiArray
 
-from test.node_client import NodeClient
+from test.node_client import NodeClient, settled_count
 from test.ros_helpers import REPO_ROOT, launch_node
 
 SPEC = "test.test_node_cameras:act_two_cameras"
@@ -222,7 +222,7 @@ def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     assert len(c.commands) >= 5, len(c.commands)
     assert np.isfinite(c.commands[-1]).all()
     stream(0.6, wrist_on=False)  # the wrist camera stops: after obs_timeout_s, no commands
-    held = len(c.commands)
+    held = settled_count(c, lambda s: stream(s, wrist_on=False))
     d = stream(5.0, wrist_on=False, until=lambda d: d["_message"].startswith("stale"))
     assert len(c.commands) == held
     assert d["stale_stream"] == "camera wrist" and float(d["camera.wrist.age_s"]) > 0.3, d

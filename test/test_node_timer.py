@@ -10,7 +10,7 @@ from lifecycle_msgs.srv import ChangeState, GetState
 from trajectory_msgs.msg import JointTrajectory
 
 from test.engine_util import observations
-from test.node_client import NodeClient
+from test.node_client import NodeClient, settled_count
 
 OBS = observations(50, seed=3)
 
@@ -46,7 +46,7 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     # the chunk starts near the commanded target: the command ensembles chunk predictions
     assert np.abs(np.array(trajs[-1].points[0].positions) - c.commands[-1]).max() < 0.2
     ros.spin_for(0.6)  # the last observation is now older than obs_timeout_s
-    held = len(c.commands)
+    held = settled_count(c, ros.spin_for)
     ros.spin_for(1.0)
     assert len(c.commands) == held  # stale: the robot holds, no new command
     d = c.latest_diag(3.0)

@@ -10,7 +10,9 @@ made-up dataset statistics; flashrt_ros serves it as `with_stats(policy, stats)`
 
 For the same observations, LeRobot's loop (its pre-processor, `select_action` with its action
 queue or temporal ensembler, its post-processor) and the Engine's ticks must give the same
-actions: across re-inference boundaries, with and without temporal ensembling. Then a capsule:
+actions: across re-inference boundaries, with and without temporal ensembling; on CUDA both
+with the eager kernels captured and with the compiled step (the Engine's default there, "_fused"
+keys, which say whether the build's check let it be served). Then a capsule:
 checkpoint, ticks across an inference, restore, the same ticks again give the same actions.
 On CUDA it also times both, per tick kind: LeRobot's loop (eager, as LeRobot runs it) against
 the Engine's captured graph. Exit status 1 when an action differs beyond --atol.
@@ -125,13 +127,15 @@ class LeRobotLoop:
         return action.reshape(-1).double().cpu().numpy()
 
 
-def compare(ensemble: bool, device: str, ticks: int, atol: float) -> dict:
+def compare(ensemble: bool, device: str, ticks: int, atol: float, fuse: bool | None) -> dict:
+    """`fuse`: False captures the eager kernels, None the Engine's default (on CUDA the
+    compiled step, checked against the eager one at build)."""
     obs = observations(ticks)
     ours = Engine(
         load_policy("bench.lerobot_act_check:make", ensemble=ensemble),
         device=device,
         capsule_slots=4,
-        fuse=False,
+        **({} if fuse is None else {"fuse": fuse}),
     )
     ref = LeRobotLoop(copy.deepcopy(ours.policy.module.policy), device)
     a = np.stack([ours.step(o) for o in obs])
@@ -145,17 +149,19 @@ def compare(ensemble: bool, device: str, ticks: int, atol: float) -> dict:
         "action_scale": float(np.abs(b).max()),
         "n_action_steps": ours.policy.n_action,
         "tick_kinds": list(ours.policy.tick_kinds),
+        "fused": ours.fuse and not ours.fused_mismatch,
+        "fused_mismatch": ours.fused_mismatch,
     }
 
 
 def capsule(ensemble: bool, device: str, at: int, n: int) -> dict:
-    """Checkpoint at `at`, n ticks (across an inference), restore, the same n again."""
+    """Checkpoint at `at`, n ticks (across an inference), restore, the same n again (the
+    Engine's default: fused on CUDA)."""
     obs = observations(at + n, seed=2)
     eng = Engine(
         load_policy("bench.lerobot_act_check:make", ensemble=ensemble),
         device=device,
         capsule_slots=4,
-        fuse=False,
     )
     for o in obs[:at]:
         eng.step(o)
@@ -200,7 +206,7 @@ def timing(device: str, ticks: int) -> dict:
                 for k, v in t.items()
             }
             if fuse is not None:
-                out[who]["fused"] = eng.fuse
+                out[who]["fused"] = eng.fuse and not eng.fused_mismatch
         except Exception as e:  # noqa: BLE001 - reported in the results
             out[who] = {"error": f"{type(e).__name__}: {e}"[:500]}
         print(who, out[who], flush=True)
@@ -232,10 +238,13 @@ def main() -> int:
     r: dict = {"lerobot": getattr(lerobot, "__version__", "?"), "torch": torch.__version__}
     r["hidden_modules"] = a.hide
     r["device"] = a.device
-    r["queue"] = compare(False, a.device, a.ticks, a.atol)
-    print("queue", r["queue"], flush=True)
-    r["ensemble"] = compare(True, a.device, min(a.ticks, 25), a.atol)
-    print("ensemble", r["ensemble"], flush=True)
+    checks = []
+    for fuse, tag in [(False, "")] + ([(None, "_fused")] if a.device == "cuda" else []):
+        for name, ensemble, ticks in (("queue", False, a.ticks), ("ensemble", True, 25)):
+            key = name + tag
+            r[key] = compare(ensemble, a.device, min(a.ticks, ticks), a.atol, fuse)
+            checks.append(key)
+            print(key, r[key], flush=True)
     r["capsule_queue"] = capsule(False, a.device, at=60, n=80)
     r["capsule_ensemble"] = capsule(True, a.device, at=5, n=8)
     print("capsules", r["capsule_queue"], r["capsule_ensemble"], flush=True)
@@ -244,7 +253,7 @@ def main() -> int:
         print("timing", r["timing"], flush=True)
     if a.out:
         a.out.write_text(json.dumps(r, indent=1))
-    ok = all(r[k]["first_over_atol"] is None for k in ("queue", "ensemble")) and all(
+    ok = all(r[k]["first_over_atol"] is None for k in checks) and all(
         r[k]["identical"] for k in ("capsule_queue", "capsule_ensemble")
     )
     print("OK" if ok else "MISMATCH", flush=True)

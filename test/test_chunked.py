@@ -271,15 +271,3 @@ def test_builtin_visuomotor_policies_restore_bit_for_bit(spec):
     eng.restore(cap.id)
     assert np.array_equal(run(eng, obs[3:14]), acts)
     assert math.isfinite(float(np.abs(acts).sum()))
-
-
-def test_a_chunked_policy_is_captured_unfused_unless_it_compiles_parts_or_opts_in():
-    """Inductor's whole step of a chunked policy, captured, gave wrong queue ticks on the H200
-    (chunked.py, docs/design.md): the adapter's default keeps the eager kernels."""
-    assert not ChunkedPolicy(ll.LeRobotLike()).fuse_default
-    parts = ll.LeRobotLike()
-    parts.fuse_parts = ("w",)  # names a part to compile in place: the step is not fused whole
-    assert ChunkedPolicy(parts).fuse_default
-    opted = ll.LeRobotLike()
-    opted.fuse_default = True
-    assert ChunkedPolicy(opted).fuse_default

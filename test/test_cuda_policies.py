@@ -39,7 +39,7 @@ POLICIES = {
     "builtin:act": lambda: builtin("builtin:act"),
     "builtin:diffusion": lambda: builtin("builtin:diffusion"),
 }
-# builtin:act as the node serves it (its default: unfused, see loader.py); the diffusion UNet
+# builtin:act as the node serves it (its default: fused, checked at build); the diffusion UNet
 # captures its eager kernels here to keep the GPU run short (bench/policies_bench.py times both),
 # and the test module counts its calls in a Python int, which dynamo guards on (a new variant per
 # traced call)
@@ -69,7 +69,7 @@ def run(eng: Engine, obs: list[dict], session: str = "main") -> np.ndarray:
 def test_captured_ticks_match_eager_and_restore_branch_rewind_replay_bitwise(name):
     graph = Engine(POLICIES[name](), device="cuda", seed=3, flight_ticks=16, fuse=FUSE[name])
     eager = Engine(POLICIES[name](), device="cuda", seed=3, use_graph=False)
-    assert graph.session("main").captured
+    assert graph.session("main").captured and graph.fused_mismatch == ""
     obs = stream(graph, 24)
     want = run(eager, obs)
     got = run(graph, obs[:6])
@@ -116,10 +116,13 @@ class HostZeros(torch.nn.Module):
         return torch.tanh(feats @ self.w).view(1, 6, 3) + bias
 
 
-def test_a_step_that_makes_host_tensors_is_captured_on_the_device():
-    policy = ChunkedPolicy(HostZeros())
-    assert not policy.fuse_default  # a chunked policy is captured unfused by default
-    graph = Engine(policy, device="cuda", seed=3)
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_step_that_makes_host_tensors_is_captured_on_the_device(fuse):
+    """Unfused, capture runs with the device as the default device; fused, inductor moves the
+    constructor there. Fused, the queue ticks read the cursor before the counter moves (the
+    counter is advanced outside the compiled step; test_fusecheck.py)."""
+    graph = Engine(ChunkedPolicy(HostZeros()), device="cuda", seed=3, fuse=fuse)
+    assert graph.fuse == fuse and graph.fused_mismatch == ""
     eager = Engine(ChunkedPolicy(HostZeros()), device="cuda", seed=3, use_graph=False)
     assert graph.session("main").captured
     obs = stream(graph, 10)

@@ -201,11 +201,6 @@ class ACTPolicy(nn.Module):
     (per chunk step; added to the current joint positions when ``relative_actions``)."""
 
     name = "act"
-    # On the H200 (torch 2.11) the inductor-compiled step of act's goal read-back (spatial
-    # softmax keypoints, atan2) gave actions about half the eager ones, while the captured eager
-    # kernels match: served unfused until that is understood (test_cuda_policies.py). The
-    # adapter (ChunkedPolicy) takes this from the module, however it was loaded.
-    fuse_default = False
 
     def __init__(self, config: ACTConfig | None = None):
         super().__init__()

@@ -140,12 +140,9 @@ class ChunkedPolicy(Policy):
         self.coeff = None if coeff is None else float(coeff)
         parts = getattr(module, "fuse_parts", ())  # see compile_parts
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
-        # By default the step is captured unfused (its eager kernels), unless the module names
-        # parts to compile (fuse_parts, compiled in place) or opts in with fuse_default = True.
-        # Inductor's whole step of a chunked policy, captured, popped the next tick's row on a
-        # queue tick (H200, torch 2.11; as if the step counter were read after the increment
-        # that ends the tick; docs/design.md).
-        self.fuse_default = bool(getattr(module, "fuse_default", bool(self.fuse_parts)))
+        # The step is compiled whole (checked against the eager step first, fusecheck.py)
+        # unless the module names parts to compile or sets fuse_default = False.
+        self.fuse_default = bool(getattr(module, "fuse_default", True))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params

@@ -220,6 +220,10 @@ class Engine:
         # A policy may compile parts of itself instead (Policy.compile_parts): the step is then
         # captured around them, not compiled whole.
         self._fuse_step = self.fuse and not policy.compile_parts()
+        # Why the compiled step is not served ("" while it is, or was never asked for): the
+        # first session checks it against the eager step (fusecheck.py).
+        self.fused_mismatch = ""
+        self._fuse_checked = False
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
@@ -341,7 +345,18 @@ class Engine:
             ticks,
             self.encodings,
             self.precompiled,
+            check_fused=self._fuse_step and not self._fuse_checked,
         )
+        self._fuse_checked = True
+        if s.fused_mismatch:  # every later session is built unfused too
+            self._fuse_step, self.fused_mismatch = False, s.fused_mismatch
+            log.error(
+                "%s: the compiled (fused) step differs from the eager step (%s); serving the "
+                "eager kernels, captured as a CUDA graph where there is one. An inductor fault "
+                "(see docs/design.md, 'Checking the fused step'); fuse=False skips the compile.",
+                self.policy.policy_id,
+                s.fused_mismatch,
+            )
         self._sessions[name] = s
         return s
 

@@ -8,6 +8,7 @@ import torch
 from flashrt_ros.cuda import ring as ring_kernel
 from flashrt_ros.cuda.copy import copy_io
 from flashrt_ros.policies.base import Policy, StateEntry
+from flashrt_ros.runtime import fusecheck
 from flashrt_ros.runtime.arena import Arena
 from flashrt_ros.runtime.flight import FlightRing, record
 from flashrt_ros.runtime.graph import StepPlan
@@ -16,12 +17,12 @@ from flashrt_ros.runtime.precompiled import PrecompiledSteps
 
 
 def raw_step(policy: Policy, obs, views, action, chunk, kind: int = 0) -> None:
-    """The whole tick: the policy step of this kind, then the engine-owned step counter."""
+    """The policy step of this kind. The engine-owned step counter is advanced after it, by
+    the caller, outside any compiled code (see _plan)."""
     if kind == 0 and len(policy.tick_kinds) == 1:
         policy.step(obs, views, action, chunk)
     else:
         policy.step_kind(kind, obs, views, action, chunk)
-    views["step"].add_(1)
 
 
 def arena_step(
@@ -92,12 +93,15 @@ class Session:
         flight_ticks: int = 0,
         encodings: dict[str, str] | None = None,
         precompiled: PrecompiledSteps | None = None,
+        check_fused: bool = False,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
         `encodings` maps each image input to its camera encoding (inputs.resolve_encodings).
         With `fuse`, `precompiled` (precompiled.py) loads or compiles-and-saves each tick kind's
-        fused step ahead of time instead of torch.compile's tracing on first call."""
+        fused step ahead of time instead of torch.compile's tracing on first call. With
+        `check_fused`, a fused step is first checked against the eager one (fusecheck.py);
+        when they differ, `fused_mismatch` says how and the step is captured unfused."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -147,12 +151,12 @@ class Session:
         self.tick_names = [
             tuple(n for n in self.inputs.dev if n in set(policy.tick_inputs(k))) for k in kinds
         ]
-        self.plans: list[StepPlan] = []
-        self._step_fns: list = []
-        for k in kinds:
-            self.plans.append(self._plan(policy, k, fused, ring, device, use_graph))
-        self.plan = self.plans[0]
-        self.step_fn = self._step_fns[0]  # the first kind's step, without IO
+        self.fused_mismatch = ""  # why the fused step was not served (check_fused)
+        self._build_plans(policy, fused, ring, device, use_graph)
+        if fused is not None and check_fused:
+            self.fused_mismatch = self._check_fused(policy)
+            if self.fused_mismatch:  # served from its eager kernels
+                self._build_plans(policy, None, ring, device, use_graph)
         # With a graph, the input uploads and the output downloads are memcpy nodes of the
         # graph: a tick is then one launch and one wait, with nothing else issued per step.
         self.io_in_graph = self.plan.use_graph
@@ -161,6 +165,34 @@ class Session:
         protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
         for plan in self.plans:
             plan.capture(protect)
+
+    def _build_plans(self, policy: Policy, fused, ring, device, use_graph) -> None:
+        self.plans: list[StepPlan] = []
+        self._step_fns: list = []
+        self._runs: list = []  # per kind: run(use_fused), the policy step alone
+        for k in range(len(policy.tick_kinds)):
+            self.plans.append(self._plan(policy, k, fused, ring, device, use_graph))
+        self.plan = self.plans[0]
+        self.step_fn = self._step_fns[0]  # the first kind's step, without IO
+
+    def _check_fused(self, policy: Policy) -> str:
+        """fusecheck.check_fused over this session's buffers, which it leaves as it found them."""
+        outputs = {**self.views, "action": self.action, "chunk": self.chunk}
+        keep = [self.arena.buf, *self.inputs.dev.values(), self.action, self.chunk]
+        saved = [t.clone() for t in keep]
+        try:
+            return fusecheck.check_fused(
+                policy.tick_kind,
+                lambda kind, use_fused: self._runs[kind](use_fused),
+                lambda: self.views["step"].add_(1),
+                self.tick_names,
+                self.inputs.dev,
+                outputs,
+            )
+        finally:
+            with torch.no_grad():
+                for t, s in zip(keep, saved, strict=True):
+                    t.copy_(s)
 
     def _plan(self, policy: Policy, kind: int, fused, ring, device, use_graph) -> StepPlan:
         """The StepPlan of one tick kind: its step function over the static buffers and, with a
@@ -193,8 +225,9 @@ class Session:
                 ring_kernel.launch(own_ring, buf, step)
             policy_step_fn()
 
-        def policy_step_fn() -> None:
-            if fused is not None:
+        def run(use_fused: bool) -> None:
+            """The policy's step of this kind (and the torch ring write), fused or eager."""
+            if use_fused:
                 fused(*args)
             else:
                 if ring is not None:
@@ -202,7 +235,16 @@ class Session:
                 x = policy_inputs(obs, conv) if conv is not None else obs
                 raw_step(policy, x, views, action, chunk, kind)
 
+        def policy_step_fn() -> None:
+            run(fused is not None)
+            # Its own kernel, after the step. Inside a compiled step, inductor could compute an
+            # output that reads the counter (a queue cursor) after this write: it does not
+            # order the readers of a dtype view of the arena before a later write to the arena
+            # (pytorch/pytorch#198101; docs/design.md, "Checking the fused step").
+            step.add_(1)
+
         self._step_fns.append(step_fn)
+        self._runs.append(run)
         plan = StepPlan(step_fn, device, use_graph, default_device=fused is None)
         if plan.use_graph:
             host = {n: self.inputs.host[n] for n in names}

@@ -1,0 +1,73 @@
+"""The compiled (fused) step serves the eager step's actions, or is not served (CPU inductor).
+
+Inductor can compute a value that reads the arena through a dtype view after a later write to
+the arena (pytorch/pytorch#198101). Our step counter was such a write: a fused chunked policy
+popped the next tick's row on queue ticks. These tests compile real steps with inductor's C++
+backend (tens of seconds each on 2 cores).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from flashrt_ros import Engine
+from flashrt_ros.policies.chunked import ChunkedPolicy
+from flashrt_ros.runtime import fusecheck, session
+from test import lerobot_like as ll
+from test.test_chunked import OBS, run
+
+
+def chunked(**kw) -> Engine:
+    return Engine(ChunkedPolicy(ll.LeRobotLike()), device="cpu", seed=5, **kw)
+
+
+def test_a_fused_chunked_policy_pops_its_queue_like_the_eager_step():
+    """Queue, record and infer ticks (the history and the noise counter too) over three
+    inferences: the fused step is served, its actions are the eager ones, and the check before
+    capture left the state as built."""
+    fused, eager = chunked(fuse=True), chunked(fuse=False)
+    assert fused.fuse and fused.fused_mismatch == ""
+    assert fused.state_bytes() == eager.state_bytes() and fused.session_step() == 0
+    kinds = [fused.policy.tick_kind(i) for i in range(12)]
+    assert set(kinds) == {0, 1, 2}, kinds  # infer, queue, record
+    np.testing.assert_allclose(run(fused, OBS[:12]), run(eager, OBS[:12]), rtol=0, atol=1e-5)
+
+
+def test_a_fused_step_that_differs_from_the_eager_one_is_not_served(monkeypatch, caplog):
+    """A compiled step that gets one action wrong (the state right) is caught before capture:
+    the engine says why, logs it, and serves the eager step, for later sessions too."""
+
+    def wrong_fused_step():
+        def step(*args) -> None:
+            session.arena_step(*args)
+            args[3].add_(0.5)  # args[3]: the action buffer
+
+        return step
+
+    monkeypatch.setattr(session, "fused_step", wrong_fused_step)
+    with caplog.at_level(logging.ERROR, logger="flashrt_ros.runtime.engine"):
+        eng = chunked(fuse=True)
+    assert eng.fused_mismatch.startswith("tick kind 0 at step 0: 'action': max difference 0.5")
+    assert "differs from the eager step" in caplog.text and eng.fused_mismatch in caplog.text
+    eager = chunked(fuse=False)
+    assert eng.state_bytes() == eager.state_bytes()
+    np.testing.assert_array_equal(run(eng, OBS[:6]), run(eager, OBS[:6]))
+    eng.branch(eng.checkpoint().id, session="alt")  # a later session: eager too, no new check
+    np.testing.assert_array_equal(
+        run(eng, OBS[6:10], session="alt"), run(eager, OBS[6:10], session="main")
+    )
+
+
+def test_differences_are_judged_by_dtype():
+    f = torch.tensor([1.0, 2.0, float("nan")])
+    assert fusecheck.differs(f + 1e-5, f) == ""  # float reassociation
+    assert "max difference" in fusecheck.differs(f + 0.01, f)
+    assert "max difference inf" in fusecheck.differs(torch.tensor([1.0, 2.0, 3.0]), f)
+    i = torch.tensor([3, 4], dtype=torch.int64)
+    assert fusecheck.differs(i + 1, i) == "2 of 2 values differ"
+    b = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert fusecheck.differs(b * 1.01, b) == ""  # half types: looser
+    assert fusecheck.differs(b * 1.2, b) != ""

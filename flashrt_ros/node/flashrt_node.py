@@ -268,6 +268,8 @@ class FlashrtNode(LifecycleNode):
         """How the step runs, for the configure log line."""
         if not engine.session("main").captured:
             return "eager CPU path"
+        if engine.fused_mismatch:  # the Engine logged it as an error too
+            return f"captured graph, unfused (the fused step differed: {engine.fused_mismatch})"
         return "captured graph, " + ("fused" if engine.fuse else "unfused (fuse: false)")
 
     @staticmethod

@@ -71,3 +71,17 @@ def test_differences_are_judged_by_dtype():
     b = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     assert fusecheck.differs(b * 1.01, b) == ""  # half types: looser
     assert fusecheck.differs(b * 1.2, b) != ""
+
+
+def test_a_chunked_policy_is_compiled_by_default_but_not_when_it_ensembles():
+    """The ensembled step failed the check on the H200 (bench/results/2026-12-01-b1100bf-*):
+    it is captured from its eager kernels without compiling it first. A module's own
+    fuse_default wins."""
+    assert ChunkedPolicy(ll.LeRobotLike()).fuse_default
+    ens = ll.LeRobotLike(n_obs_steps=1, n_action_steps=1, chunk_size=5, coeff=0.01)
+    assert not ChunkedPolicy(ens).fuse_default
+    ens.fuse_default = True
+    assert ChunkedPolicy(ens).fuse_default
+    off = ll.LeRobotLike()
+    off.fuse_default = False
+    assert not ChunkedPolicy(off).fuse_default

@@ -141,8 +141,11 @@ class ChunkedPolicy(Policy):
         parts = getattr(module, "fuse_parts", ())  # see compile_parts
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
         # The step is compiled whole (checked against the eager step first, fusecheck.py)
-        # unless the module names parts to compile or sets fuse_default = False.
-        self.fuse_default = bool(getattr(module, "fuse_default", True))
+        # unless the module names parts to compile or sets fuse_default. Not with temporal
+        # ensembling: on the H200 its compiled step failed that check (the running sum is read
+        # for the plan and rewritten in the same step; bench/results/2026-12-01-b1100bf-*), so
+        # compiling it would only cost start time before the eager kernels are served.
+        self.fuse_default = bool(getattr(module, "fuse_default", self.coeff is None))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params

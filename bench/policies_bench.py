@@ -7,7 +7,8 @@ torch.compile vs our captured graph, and the state's size and capsule costs. No 
 `policies_rows(device, quick)` returns the rows ("policies" in the results JSON):
 {"policy", "size", "tick", "state_bytes", "eager_p50_us", "compile_p50_us", "graph_p50_us",
 "graph_p99_us", "graph_fused", "snapshot_p50_us", "restore_p50_us"}; a column is None where a
-mode was not run. The graph is always the fused one the node serves; past COMPILE_UNTIL_S of the
+mode was not run. The graph is always the one the node serves (compiled unless the policy says
+otherwise or the build's check refused it: "graph_fused" says which); past COMPILE_UNTIL_S of the
 run only the "compile" comparison is skipped (a full run once left lerobot-100's graph unfused
 there: 105.6 instead of 66.2 ms an infer tick, 1c0d1d8).
 builtin:diffusion compiles its UNet alone (Policy.compile_parts: the whole step's unrolled
@@ -140,8 +141,9 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
     modes = [("eager", dict(use_graph=False, fuse=False))]
     if do_compile:
         modes.append(("compile", dict(use_graph=False, fuse=True)))
-    if cuda:  # fused as the node serves it, even past COMPILE_UNTIL_S (that skips "compile")
-        modes.append(("graph", dict(use_graph=True, fuse=True)))
+    if cuda:  # as the node serves it (the Engine's default: compiled unless the policy says
+        # otherwise or the build's check refused it), even past COMPILE_UNTIL_S
+        modes.append(("graph", dict(use_graph=True)))
     state_bytes, capsule, graph_fused = None, (None, None), None
     for mode, kw in modes:
         t0 = time.perf_counter()
@@ -150,7 +152,7 @@ def bench_policy(spec, size, overrides, do_compile, device, ticks, budget_s, log
             eng = _compiled_cpu(eng)
         state_bytes = eng.state_nbytes
         if mode == "graph":
-            graph_fused = eng.fuse
+            graph_fused = eng.fuse and not eng.fused_mismatch
         times = tick_times(eng, ticks, budget_s)
         log(
             f"  {spec} {size} {mode}: built+ran in {time.perf_counter() - t0:.1f}s, "

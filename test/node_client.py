@@ -46,19 +46,23 @@ def feeding(c: NodeClient, obs: np.ndarray, hz: float = 100.0) -> Iterator[list]
         t.join()
 
 
-def settled_count(c: NodeClient, spin, gap: float = 0.3, timeout: float = 5.0) -> int:
-    """The command count once none came for `gap` s, spinning with `spin(seconds)`.
+def settled_count(
+    c: NodeClient, spin, gap: float = 0.3, timeout: float = 5.0, items: list | None = None
+) -> int:
+    """The command count (or the length of `items`, another list the client fills) once none
+    came for `gap` s, spinning with `spin(seconds)`.
 
     After a stream stops, commands already in flight still land, and a node starved on a loaded
     machine takes its last observations late (their age counts from when it took them); a node
     that never holds fails here."""
-    end, n = time.monotonic() + timeout, len(c.commands)
+    got = c.commands if items is None else items
+    end, n = time.monotonic() + timeout, len(got)
     while time.monotonic() < end:
         spin(gap)
-        if len(c.commands) == n:
+        if len(got) == n:
             return n
-        n = len(c.commands)
-    raise AssertionError(f"commands never stopped: {n} after {timeout:g} s")
+        n = len(got)
+    raise AssertionError(f"messages never stopped: {n} after {timeout:g} s")
 
 
 class NodeClient:

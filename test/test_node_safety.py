@@ -18,7 +18,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import srv
 from test.engine_util import make_engine, observations
-from test.node_client import JOINTS, NodeClient, feeding
+from test.node_client import JOINTS, NodeClient, feeding, settled_count
 from test.node_client import set_params as _set
 from test.ros_helpers import importable_tests
 
@@ -191,8 +191,9 @@ def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
         box[0] = poisoning(OBS[0])
         d = c.wait_diag(lambda d: d["_level"] == ERROR and d["poisoned_session"] == "main")
         assert "non-finite" in d["poisoned_reason"], d
-        c.ros.spin_for(0.2)  # what was in flight has arrived
-        n, nt = len(c.commands), len(c.trajs)
+        # what was in flight has arrived (a loaded machine drains it slowly), trajectories too
+        n = settled_count(c, c.ros.spin_for)
+        nt = settled_count(c, c.ros.spin_for, items=c.trajs)
         c.ros.spin_for(0.6)  # fresh observations keep coming: still nothing published
         assert len(c.commands) == n and len(c.trajs) == nt
         r = c.call("reset_session")

@@ -25,6 +25,18 @@ def stream(client, seconds: float, hz: float) -> int:
     return n
 
 
+def resumed(client, n: int, timeout: float = 10.0) -> bool:
+    """Stream observations at 100 Hz until the client holds more than `n` commands; False
+    after `timeout`. A loaded machine can take a while to drain and step again, so a fixed
+    short stream is not enough; a node that never resumes still fails."""
+    i, end = 0, time.monotonic() + timeout
+    while len(client.commands) <= n and time.monotonic() < end:
+        client.publish(OBS[i % len(OBS)])
+        i += 1
+        client.ros.spin_for(0.01)
+    return len(client.commands) > n
+
+
 def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     proc = ros.start_node(
         {"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3, "output": "both"}
@@ -36,8 +48,9 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert c.commands == []  # no observation yet: nothing commanded
     stream(c, 2.0, 50.0)  # observations at 50 Hz, loop at 100 Hz: it steps every tick
     n_cmd = len(c.commands)
-    # generous bounds: the machine is shared; benchmarks measure the real rate
-    assert 100 <= n_cmd <= 230, n_cmd
+    # generous bounds: the machine is shared (a starved node once made 94 in the 2 s of a CI
+    # run); benchmarks measure the real rate, and stale_ticks below shows the timer ticking
+    assert 50 <= n_cmd <= 230, n_cmd
     assert trajs and len(trajs[-1].points) == 8
     assert trajs[-1].joint_names == [f"joint{i}" for i in range(1, 7)]
     for k, pt in enumerate(trajs[-1].points):  # point k is k+1 control periods ahead
@@ -53,8 +66,7 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert int(d["stale_ticks"]) > 50 and float(d["stale_s"]) > 0.5
     assert float(d["step_p50_us"]) > 0 and "jitter_p99_us" in d and "overruns" in d
     assert {"last_overrun", "overruns_late_wake", "overruns_long_tick"} <= set(d)
-    stream(c, 0.5, 50.0)  # fresh again: commands resume
-    assert len(c.commands) > held
+    assert resumed(c, held)  # fresh again: commands resume
 
 
 def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
@@ -82,8 +94,8 @@ def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
     d = c.latest_diag(3.0)
     assert int(d["refused_inputs"]) >= 20, d
     assert "NaN" in d["last_refusal"] or "must match" in d["last_refusal"], d
-    stream(c, 0.5, 50.0)
-    assert c.commands and np.isfinite(c.commands[-1]).all()
+    assert resumed(c, 0)
+    assert np.isfinite(c.commands[-1]).all()
 
 
 def test_timer_mode_never_steps_on_an_observation_from_before_activation(ros):
@@ -105,8 +117,7 @@ def test_timer_mode_never_steps_on_an_observation_from_before_activation(ros):
     assert transition(Transition.TRANSITION_ACTIVATE)
     ros.spin_for(0.5)
     assert c.commands == []
-    stream(c, 0.5, 50.0)  # fresh observations: commands
-    assert c.commands
+    assert resumed(c, 0)  # fresh observations: commands
 
 
 def test_services_while_the_timer_loop_steps(ros):
@@ -252,8 +263,7 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
     assert "rt" in [cap.name for cap in c.call("list_capsules").capsules]
     assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-control")
     n = len(c.commands)
-    stream(c, 0.3, 100.0)
-    assert len(c.commands) > n  # still stepping after the requests
+    assert resumed(c, n)  # still stepping after the requests
     # deactivate: the services go back to a thread of their own, normally scheduled (a new
     # thread inherits its creator's SCHED_FIFO); activate: the new control thread alone again
     change = ros.client(ChangeState, proc.service("change_state"))
@@ -267,8 +277,7 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
         by = "flashrt-services" if tid == Transition.TRANSITION_DEACTIVATE else "flashrt-control"
         assert c.wait_diag(lambda d, by=by: d.get("services_thread") == by)
     n = len(c.commands)
-    stream(c, 0.3, 100.0)
-    assert len(c.commands) > n
+    assert resumed(c, n)
 
 
 def _cpu_sets(pid: int) -> list[frozenset[int]]:
@@ -314,8 +323,7 @@ def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
     if len(cpus) > 1:
         assert _cpu_sets(proc.pid).count(mine) == 1
     n = len(c.commands)
-    stream(c, 0.3, 100.0)
-    assert len(c.commands) > n
+    assert resumed(c, n)
 
     proc.stop()
     outside = max(cpus) + 64  # a CPU this process may not use

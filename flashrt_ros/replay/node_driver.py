@@ -40,7 +40,7 @@ class NodeDriver:
         self.goal_echoes = 0
         self.js = self.n.create_publisher(JointState, f"{ns}/joint_states", 100)
         self.goal_pub = self.n.create_publisher(Float64MultiArray, f"{ns}/goal", 10)
-        self.n.create_subscription(
+        self.cmd_sub = self.n.create_subscription(
             Float64MultiArray,
             f"{ns}/commands",
             lambda m: self.commands.append(np.array(m.data)),
@@ -106,6 +106,9 @@ class NodeDriver:
             )
         self._spin_until(lambda: self.js.get_subscription_count() > 0, "joint_states subscriber")
         self._spin_until(lambda: self.goal_pub.get_subscription_count() > 0, "goal subscriber")
+        # the first command answers the first observation: DDS keeps nothing for a reader that
+        # matches late, so the node's commands must reach us before we send anything
+        self._spin_until(lambda: self.cmd_sub.get_publisher_count() > 0, "commands publisher")
         for c in self.cameras:
             pub = self.n.create_publisher(Image, f"{self.ns}/camera/{c}/image_raw", 10)
             self._spin_until(lambda p=pub: p.get_subscription_count() > 0, f"camera {c} subscriber")

@@ -77,7 +77,7 @@ class NodeClient:
             Float64MultiArray,
             proc.topic("commands"),
             lambda m: self.commands.append(np.array(m.data)),
-            100,
+            1000,  # a test that streams at 200 Hz can be busy for a while on a loaded machine
         )
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)

@@ -29,6 +29,12 @@ def cpu_share(pid: int, seconds: float = 1.0) -> float:
     return (used() - c0) / (time.monotonic() - t0)
 
 
+def polls(pid: int) -> bool:
+    """Whether the process used over 0.4 of a core in one of up to three 1 s windows: a loaded
+    machine can take a window away from a polling thread; a sleeping node uses ~0 in all."""
+    return any(cpu_share(pid) > 0.4 for _ in range(3))
+
+
 def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     proc = ros.start_node({"trigger": "observation", "busy_wait": True})
     c = NodeClient(ros, proc)
@@ -49,7 +55,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     assert c.latest_diag()["busy_wait"] == "polling"
     assert "(busy wait)" in proc.log_path.read_text(errors="replace")
     # no observation comes now: the inputs' thread polls anyway (a sleeping node uses ~0)
-    assert cpu_share(proc.pid) > 0.4
+    assert polls(proc.pid)
     # inactive, it sleeps: nothing to step, so nothing to poll for
     change = ros.client(ChangeState, proc.service("change_state"))
     for tid in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
@@ -59,7 +65,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
             assert cpu_share(proc.pid) < 0.3
             assert c.wait_diag(lambda d: d.get("busy_wait") == "off")
     assert len(c.run(OBS[100:110])) == 10  # active again: one command per observation
-    assert cpu_share(proc.pid) > 0.4  # and polling again
+    assert polls(proc.pid)  # and polling again
 
 
 def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(ros):
@@ -72,13 +78,13 @@ def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(r
         n0 = len(c.commands)
         ros.spin_for(1.5)
         got = len(c.commands) - n0
-        assert 60 <= got <= 170, got  # 100 Hz for ~1.5 s, generous for a shared machine
+        assert 40 <= got <= 170, got  # 100 Hz for ~1.5 s, generous for a shared machine
         ck = c.call("checkpoint", name="busy")
         assert ck.success, ck.message
         assert "busy" in [cap.name for cap in c.call("list_capsules").capsules]
         ro = c.call("rollout", observations=OBS[:20].ravel().tolist(), n_steps=20)
         assert ro.success, ro.message
         assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-control")
-        assert cpu_share(proc.pid) > 0.4
+        assert polls(proc.pid)
         d = c.latest_diag(3.0)
     assert float(d["rate_hz"]) > 0 and float(d["step_p50_us"]) > 0

@@ -448,7 +448,7 @@ def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
     try:
         assert share() < 0.2  # asleep in a 1 s wait
         loop.set_busy(True)  # ends that wait: polling now, not in up to a second
-        assert share() > 0.4
+        assert any(share() > 0.4 for _ in range(3))  # a loaded machine can take a window
         loop.set_busy(False)
         time.sleep(0.05)  # the look in progress ends
         assert share() < 0.2

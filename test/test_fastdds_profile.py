@@ -28,6 +28,7 @@ SEGMENT = 8 * 1024 * 1024
 PEER = r"""
 import hashlib, sys, time
 import rclpy
+from rclpy.duration import Duration
 from sensor_msgs.msg import Image
 
 def segment_bytes():
@@ -57,7 +58,9 @@ else:
         time.sleep(0.05)
     msg = Image(height=480, width=640, encoding="rgb8", step=640 * 3, data=data)
     pub.publish(msg)
-    time.sleep(1.0)  # reliable delivery completes before the participant goes
+    # reliable delivery completes before the participant goes (a reader that matched late
+    # needs the fragments again: a fixed sleep was a guess)
+    pub.wait_for_all_acked(Duration(seconds=20))
     print("SENT", hashlib.sha256(data).hexdigest(), segment_bytes(), flush=True)
 node.destroy_node()
 rclpy.shutdown()

@@ -62,7 +62,7 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     held = settled_count(c, ros.spin_for)
     ros.spin_for(1.0)
     assert len(c.commands) == held  # stale: the robot holds, no new command
-    d = c.latest_diag(3.0)
+    d = c.latest_diag(10.0)
     assert int(d["stale_ticks"]) > 50 and float(d["stale_s"]) > 0.5
     assert float(d["step_p50_us"]) > 0 and "jitter_p99_us" in d and "overruns" in d
     assert {"last_overrun", "overruns_late_wake", "overruns_long_tick"} <= set(d)
@@ -91,7 +91,7 @@ def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
             d = c.diagnostics[-1]
     ros.spin_for(0.3)
     assert c.commands == []  # nothing valid arrived: nothing commanded
-    d = c.latest_diag(3.0)
+    d = c.latest_diag(10.0)
     assert int(d["refused_inputs"]) >= 20, d
     assert "NaN" in d["last_refusal"] or "must match" in d["last_refusal"], d
     assert resumed(c, 0)
@@ -152,7 +152,7 @@ def test_services_while_the_timer_loop_steps(ros):
                 assert ros.spin_until(lambda n=n: len(c.commands) > n, 5), "loop stalled"
         assert failures == []
         assert c.call("list_capsules").capsules == []
-        d = c.latest_diag(3.0)
+        d = c.latest_diag(10.0)
         assert d["step_errors"] == "0"
     finally:
         stop.set()

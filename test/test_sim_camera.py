@@ -84,6 +84,8 @@ def test_sim_node_publishes_camera_images(ros):
     )
     goal_pub = ros.node.create_publisher(Float64MultiArray, "/cam_test/goal", 10)
     assert ros.spin_until(lambda: len(got) >= 3, timeout=60.0), proc.log_tail()
+    # a goal sent before the sim's reader matches is lost (DDS keeps nothing for it)
+    assert ros.spin_until(lambda: goal_pub.get_subscription_count() > 0, timeout=20.0)
     got.clear()
     goal_pub.publish(Float64MultiArray(data=GOAL_A.tolist()))
     ros.spin_for(2.0)

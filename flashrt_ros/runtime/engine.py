@@ -223,7 +223,6 @@ class Engine:
         # Why the compiled step is not served ("" while it is, or was never asked for): the
         # first session checks it against the eager step (fusecheck.py).
         self.fused_mismatch = ""
-        self._fuse_checked = False
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
@@ -345,9 +344,8 @@ class Engine:
             ticks,
             self.encodings,
             self.precompiled,
-            check_fused=self._fuse_step and not self._fuse_checked,
+            check_fused=self._fuse_step and not self._sessions,  # the first session
         )
-        self._fuse_checked = True
         if s.fused_mismatch:  # every later session is built unfused too
             self._fuse_step, self.fused_mismatch = False, s.fused_mismatch
             log.error(

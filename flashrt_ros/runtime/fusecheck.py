@@ -28,9 +28,9 @@ def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
 
 
 def differs(got: torch.Tensor, want: torch.Tensor) -> str:
-    """How `got` differs from `want` beyond reassociation ("" when it does not); integer and
-    boolean values must be equal, NaN matches NaN."""
-    if not (want.dtype.is_floating_point or want.dtype.is_complex):
+    """How `got` differs from `want` beyond reassociation ("" when it does not); other
+    values (integers, booleans) must be equal, NaN matches NaN."""
+    if not want.dtype.is_floating_point:
         bad = int((got != want).sum())
         return f"{bad} of {want.numel()} values differ" if bad else ""
     g, w = got.double(), want.double()

@@ -151,10 +151,12 @@ class Session:
         self.tick_names = [
             tuple(n for n in self.inputs.dev if n in set(policy.tick_inputs(k))) for k in kinds
         ]
+        # every buffer a step writes or reads; the check and the warm-up put them back
+        protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
         self.fused_mismatch = ""  # why the fused step was not served (check_fused)
         self._build_plans(policy, fused, ring, device, use_graph)
         if fused is not None and check_fused:
-            self.fused_mismatch = self._check_fused(policy)
+            self.fused_mismatch = self._check_fused(policy, protect)
             if self.fused_mismatch:  # served from its eager kernels
                 self._build_plans(policy, None, ring, device, use_graph)
         # With a graph, the input uploads and the output downloads are memcpy nodes of the
@@ -162,7 +164,6 @@ class Session:
         self.io_in_graph = self.plan.use_graph
         # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
         # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
-        protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
         for plan in self.plans:
             plan.capture(protect)
 
@@ -175,10 +176,9 @@ class Session:
         self.plan = self.plans[0]
         self.step_fn = self._step_fns[0]  # the first kind's step, without IO
 
-    def _check_fused(self, policy: Policy) -> str:
-        """fusecheck.check_fused over this session's buffers, which it leaves as it found them."""
+    def _check_fused(self, policy: Policy, keep: list[torch.Tensor]) -> str:
+        """fusecheck.check_fused over this session's buffers; `keep` are put back after."""
         outputs = {**self.views, "action": self.action, "chunk": self.chunk}
-        keep = [self.arena.buf, *self.inputs.dev.values(), self.action, self.chunk]
         saved = [t.clone() for t in keep]
         try:
             return fusecheck.check_fused(
@@ -235,8 +235,10 @@ class Session:
                 x = policy_inputs(obs, conv) if conv is not None else obs
                 raw_step(policy, x, views, action, chunk, kind)
 
+        use_fused = fused is not None
+
         def policy_step_fn() -> None:
-            run(fused is not None)
+            run(use_fused)
             # Its own kernel, after the step. Inside a compiled step, inductor could compute an
             # output that reads the counter (a queue cursor) after this write: it does not
             # order the readers of a dtype view of the arena before a later write to the arena

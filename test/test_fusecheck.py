@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 import torch
 
 from flashrt_ros import Engine
@@ -73,15 +74,51 @@ def test_differences_are_judged_by_dtype():
     assert fusecheck.differs(b * 1.2, b) != ""
 
 
-def test_a_chunked_policy_is_compiled_by_default_but_not_when_it_ensembles():
-    """The ensembled step failed the check on the H200 (bench/results/2026-12-01-b1100bf-*):
-    it is captured from its eager kernels without compiling it first. A module's own
-    fuse_default wins."""
+def test_a_chunked_policy_is_compiled_by_default_unless_it_says_not():
+    """Ensembling ones too, since the step that may be compiled no longer rewrites what it
+    reads (next test). A module's own fuse_default wins."""
     assert ChunkedPolicy(ll.LeRobotLike()).fuse_default
     ens = ll.LeRobotLike(n_obs_steps=1, n_action_steps=1, chunk_size=5, coeff=0.01)
-    assert not ChunkedPolicy(ens).fuse_default
-    ens.fuse_default = True
     assert ChunkedPolicy(ens).fuse_default
     off = ll.LeRobotLike()
     off.fuse_default = False
     assert not ChunkedPolicy(off).fuse_default
+
+
+@pytest.mark.parametrize("coeff", [None, 0.01])
+def test_the_step_that_may_be_compiled_leaves_what_it_reads_to_after_step(coeff):
+    """On the H200 inductor computed ACT's ensemble count after its own shift in the same
+    compiled step (the action came out about half of the eager one; bench/results/
+    2026-12-01-b1100bf-*). So the part of an infer tick that is compiled (session.raw_step)
+    must not rewrite the ensemble sums, the counts or the noise counter it reads: it only
+    reads them, and Policy.after_step, never compiled, rewrites them."""
+    n_action = 1 if coeff else 3
+    pol = ChunkedPolicy(ll.LeRobotLike(n_obs_steps=1, n_action_steps=n_action, coeff=coeff))
+    eng = Engine(pol, device="cpu", seed=5, fuse=False)
+    for x in OBS[:3]:  # sums and counts not all zero nor steady yet; then an infer tick
+        eng.step(x)
+    s = eng._sessions["main"]
+    assert pol.tick_kind(s.steps) == 0  # an infer tick next
+    rewritten = ("ens_sum", "ens_count", "rng") if coeff else ("rng",)
+    before = {n: s.views[n].clone() for n in rewritten}
+    x = session.policy_inputs(s.inputs.dev, s.conversions(s.tick_names[0]))  # the last obs
+    with torch.no_grad():
+        session.raw_step(pol, x, s.views, s.action, s.chunk, 0)
+        for n in rewritten:
+            assert torch.equal(s.views[n], before[n]), f"the step itself rewrote {n}"
+        pol.after_step(0, s.views, s.action, s.chunk)
+    for n in rewritten:
+        assert not torch.equal(s.views[n], before[n]), f"after_step left {n} as it was"
+
+
+def test_a_fused_ensembling_policy_serves_the_eager_actions():
+    """Temporal ensembling compiled (inductor's C++ backend): served, the same actions."""
+    mk = lambda **kw: Engine(  # noqa: E731
+        ChunkedPolicy(ll.LeRobotLike(n_obs_steps=1, n_action_steps=1, chunk_size=5, coeff=0.2)),
+        device="cpu",
+        seed=5,
+        **kw,
+    )
+    fused, eager = mk(fuse=True), mk(fuse=False)
+    assert fused.fuse and fused.fused_mismatch == ""
+    np.testing.assert_allclose(run(fused, OBS[:9]), run(eager, OBS[:9]), rtol=0, atol=1e-5)

@@ -122,6 +122,20 @@ class Policy(torch.nn.Module):
         """One tick of the given kind; policies with one kind only write `step`."""
         self.step(obs, state, action, chunk)
 
+    def after_step(
+        self,
+        kind: int,
+        state: dict[str, torch.Tensor],
+        action: torch.Tensor,
+        chunk: torch.Tensor,
+    ) -> None:
+        """State bookkeeping that rewrites regions the step has read (a queue shifted by one,
+        a noise counter advanced), run right after the step of this kind and captured in the
+        same graph, but never compiled: inductor has computed a read of an arena view after a
+        later write to the arena in the same compiled step (pytorch/pytorch#198101), so a step
+        that may be compiled should only read the regions it rewrites and leave the rewrite to
+        this hook. The same rules as `step`: no allocation outside temporaries, no host sync."""
+
     def state_spec(self) -> list[StateEntry]:
         """Policy-owned state regions; the engine adds goal, step and meta."""
         raise NotImplementedError

@@ -141,11 +141,8 @@ class ChunkedPolicy(Policy):
         parts = getattr(module, "fuse_parts", ())  # see compile_parts
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
         # The step is compiled whole (checked against the eager step first, fusecheck.py)
-        # unless the module names parts to compile or sets fuse_default. Not with temporal
-        # ensembling: on the H200 its compiled step failed that check (the running sum is read
-        # for the plan and rewritten in the same step; bench/results/2026-12-01-b1100bf-*), so
-        # compiling it would only cost start time before the eager kernels are served.
-        self.fuse_default = bool(getattr(module, "fuse_default", self.coeff is None))
+        # unless the module names parts to compile or sets fuse_default.
+        self.fuse_default = bool(getattr(module, "fuse_default", True))
         self.time_axis = self.n_obs > 1 if time_axis is None else bool(time_axis)
         params = inspect.signature(module.predict_action_chunk).parameters
         self.takes_noise = "noise" in params
@@ -224,14 +221,16 @@ class ChunkedPolicy(Policy):
         step = state["step"]  # (1,) ticks before this one
         if kind != QUEUE:
             self._push(obs, state, step)
+        queue = state["queue"] if self.coeff is None else None
         if kind == INFER:  # a queue tick keeps the history but never reads it
             pred = self.predict(self._batch(obs, state, step), state)
             if self.coeff is not None:
                 self._ensemble(pred, state, action, chunk)
                 return
             state["queue"].copy_(pred)
+            queue = pred  # the same values, not read back from the arena just written
         idx = torch.clamp(step % self.n_action + self.rows, max=self.chunk_len - 1)
-        plan = state["queue"].index_select(1, idx)
+        plan = queue.index_select(1, idx)
         chunk.copy_(plan)
         action.copy_(plan[:, 0])
 
@@ -259,28 +258,41 @@ class ChunkedPolicy(Policy):
         return out
 
     def predict(self, batch: dict, state: dict) -> torch.Tensor:
-        """The module's chunk for this batch, with noise drawn from the arena's counter."""
+        """The module's chunk for this batch, with noise drawn from the arena's counter (which
+        after_step advances)."""
         if not self.takes_noise:
             return self.module.predict_action_chunk(batch)
         rng = state["rng"]
         noise = hashed_normal(rng[:, :1], rng[:, 1:2], self.noise_lanes[None])
-        rng[:, 1].add_(1)
         return self.module.predict_action_chunk(batch, noise=noise.view(1, *self.noise_shape))
 
     def _ensemble(self, pred, state, action, chunk) -> None:
         """LeRobot's ACTTemporalEnsembler as a running weighted sum and count per future tick:
-        the i-th prediction of a tick weighs exp(-coeff * i); the plan is sum / cumsum(w)."""
+        the i-th prediction of a tick weighs exp(-coeff * i); the plan is sum / cumsum(w).
+        The step only reads the sums: it leaves the new running sum in `chunk`, and
+        after_step turns it into the plan and shifts the sums (Policy.after_step says why:
+        compiled on the H200, the count was read after its own shift, halving the action)."""
+        s, n = state["ens_sum"], state["ens_count"]
+        w = self.ens_w.index_select(0, n.view(-1).clamp(max=self.chunk_len - 1)).view_as(n)
+        chunk.copy_(s + w[..., None] * pred)
+
+    def after_step(self, kind, state, action, chunk) -> None:
+        """Outside compiled code: the noise counter moves on after an inference, and with
+        ensembling the running sums (in `chunk`, see _ensemble) become the plan and the sums
+        and counts shift left by the tick just consumed, the new last tick empty."""
+        if kind != INFER:
+            return
+        if self.takes_noise:
+            state["rng"][:, 1].add_(1)
+        if self.coeff is None:
+            return
         s, n = state["ens_sum"], state["ens_count"]
         c = self.chunk_len
-        w = self.ens_w.index_select(0, n.view(-1).clamp(max=c - 1)).view_as(n)
-        total = s + w[..., None] * pred
         count = torch.clamp(n + 1, max=c)
-        plan = total / self.ens_cum.index_select(0, (count - 1).view(-1)).view(1, c, 1)
-        chunk.copy_(plan)
-        action.copy_(plan[:, 0])
-        # consume this tick: shift left, the new last tick starts empty
-        s[:, :-1].copy_(total[:, 1:])
+        s[:, :-1].copy_(chunk[:, 1:])
         s[:, -1].zero_()
+        chunk.div_(self.ens_cum.index_select(0, (count - 1).view(-1)).view(1, c, 1))
+        action.copy_(chunk[:, 0])
         n[:, :-1].copy_(count[:, 1:])
         n[:, -1].zero_()
 

@@ -17,8 +17,8 @@ from flashrt_ros.runtime.precompiled import PrecompiledSteps
 
 
 def raw_step(policy: Policy, obs, views, action, chunk, kind: int = 0) -> None:
-    """The policy step of this kind. The engine-owned step counter is advanced after it, by
-    the caller, outside any compiled code (see _plan)."""
+    """The policy step of this kind. Its after_step and the engine-owned step counter follow
+    it, called by the caller outside any compiled code (see _plan)."""
     if kind == 0 and len(policy.tick_kinds) == 1:
         policy.step(obs, views, action, chunk)
     else:
@@ -202,14 +202,7 @@ class Session:
         names = self.tick_names[kind]
         dev = {n: self.inputs.dev[n] for n in names}
         if policy.takes_dict:
-            specs = self.inputs.specs
-            conv = tuple(
-                (n, None, 0)
-                if specs[n].kind == "vector"
-                else (n, self._encoding(n), specs[n].shape[0])
-                for n in names
-            )
-            obs = dev
+            conv, obs = self.conversions(names), dev
         else:
             conv, obs = None, self.obs
 
@@ -226,7 +219,8 @@ class Session:
             policy_step_fn()
 
         def run(use_fused: bool) -> None:
-            """The policy's step of this kind (and the torch ring write), fused or eager."""
+            """The policy's step of this kind (and the torch ring write), fused or eager, then
+            its after_step, never compiled (Policy.after_step)."""
             if use_fused:
                 fused(*args)
             else:
@@ -234,6 +228,7 @@ class Session:
                     record(ring, buf, step)
                 x = policy_inputs(obs, conv) if conv is not None else obs
                 raw_step(policy, x, views, action, chunk, kind)
+            policy.after_step(kind, views, action, chunk)
 
         use_fused = fused is not None
 
@@ -273,6 +268,15 @@ class Session:
 
             plan.fn = io_step_fn
         return plan
+
+    def conversions(self, names: tuple[str, ...]) -> tuple:
+        """inputs.policy_inputs' rows for these inputs: vectors as they are, images by their
+        encoding and channel count."""
+        specs = self.inputs.specs
+        return tuple(
+            (n, None, 0) if specs[n].kind == "vector" else (n, self._encoding(n), specs[n].shape[0])
+            for n in names
+        )
 
     def _encoding(self, name: str) -> str:
         shape = self.inputs.shapes[name]

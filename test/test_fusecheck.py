@@ -89,26 +89,36 @@ def test_a_chunked_policy_is_compiled_by_default_unless_it_says_not():
 def test_the_step_that_may_be_compiled_leaves_what_it_reads_to_after_step(coeff):
     """On the H200 inductor computed ACT's ensemble count after its own shift in the same
     compiled step (the action came out about half of the eager one; bench/results/
-    2026-12-01-b1100bf-*). So the part of an infer tick that is compiled (session.raw_step)
-    must not rewrite the ensemble sums, the counts or the noise counter it reads: it only
-    reads them, and Policy.after_step, never compiled, rewrites them."""
-    n_action = 1 if coeff else 3
-    pol = ChunkedPolicy(ll.LeRobotLike(n_obs_steps=1, n_action_steps=n_action, coeff=coeff))
+    2026-12-01-b1100bf-*). So the part of a tick that may be compiled (session.raw_step) writes
+    no region it reads before writing: of the arena it may only write the history ring (pushed
+    before it is read) and the queue (on an infer tick, popped from the fresh chunk). The
+    ensemble sums and counts and the noise counter are rewritten by Policy.after_step, which is
+    never compiled. Every tick kind, through the ensemble counts' saturation."""
+    n_action = 1 if coeff else 4
+    pol = ChunkedPolicy(ll.LeRobotLike(n_obs_steps=2, n_action_steps=n_action, coeff=coeff))
     eng = Engine(pol, device="cpu", seed=5, fuse=False)
-    for x in OBS[:3]:  # sums and counts not all zero nor steady yet; then an infer tick
-        eng.step(x)
     s = eng._sessions["main"]
-    assert pol.tick_kind(s.steps) == 0  # an infer tick next
-    rewritten = ("ens_sum", "ens_count", "rng") if coeff else ("rng",)
-    before = {n: s.views[n].clone() for n in rewritten}
-    x = session.policy_inputs(s.inputs.dev, s.conversions(s.tick_names[0]))  # the last obs
-    with torch.no_grad():
-        session.raw_step(pol, x, s.views, s.action, s.chunk, 0)
-        for n in rewritten:
-            assert torch.equal(s.views[n], before[n]), f"the step itself rewrote {n}"
-        pol.after_step(0, s.views, s.action, s.chunk)
-    for n in rewritten:
-        assert not torch.equal(s.views[n], before[n]), f"after_step left {n} as it was"
+    may_write = {"queue", "hist.observation.state"} | {
+        n for n in s.views if n.startswith("hist.observation.images.")
+    }
+    kinds, rewritten = set(), set()
+    eng.step(OBS[0])
+    for x in OBS[1:10]:
+        kind = pol.tick_kind(s.steps)
+        kinds.add(kind)
+        before = {n: v.clone() for n, v in s.views.items()}
+        obs = session.policy_inputs(s.inputs.dev, s.conversions(s.tick_names[kind]))
+        with torch.no_grad():
+            session.raw_step(pol, obs, s.views, s.action, s.chunk, kind)
+            wrote = {n for n, v in s.views.items() if not torch.equal(v, before[n])}
+            assert wrote <= may_write, f"tick kind {kind}: the step itself rewrote {wrote}"
+            pol.after_step(kind, s.views, s.action, s.chunk)
+            rewritten |= {n for n, v in s.views.items() if not torch.equal(v, before[n])} - wrote
+            for n, v in s.views.items():  # back to the boundary; the engine takes the tick
+                v.copy_(before[n])
+        eng.step(x)
+    assert kinds == ({0} if coeff else {0, 1, 2})
+    assert rewritten == ({"ens_sum", "ens_count", "rng"} if coeff else {"rng"})
 
 
 def test_a_fused_ensembling_policy_serves_the_eager_actions():
@@ -122,3 +132,30 @@ def test_a_fused_ensembling_policy_serves_the_eager_actions():
     fused, eager = mk(fuse=True), mk(fuse=False)
     assert fused.fuse and fused.fused_mismatch == ""
     np.testing.assert_allclose(run(fused, OBS[:9]), run(eager, OBS[:9]), rtol=0, atol=1e-5)
+
+
+def test_the_check_runs_until_an_ensemble_queue_has_filled():
+    """One tick kind is checked twice by default; an ensembling chunked policy asks for
+    chunk_len + 1 ticks, so the saturated counts (and their clamp) are compared too."""
+    ticks = []
+    out = {"x": torch.zeros(2)}
+
+    def check(min_ticks: int) -> int:
+        ticks.clear()
+        why = fusecheck.check_fused(
+            lambda step: 0,
+            lambda kind, fused: ticks.append(fused),
+            lambda: None,
+            [()],
+            {},
+            out,
+            min_ticks=min_ticks,
+        )
+        assert why == ""
+        return ticks.count(True)
+
+    assert check(0) == fusecheck.SEEN
+    assert check(21) == 21
+    assert check(10_000) == fusecheck.MAX_TICKS
+    ens = ll.LeRobotLike(n_obs_steps=1, n_action_steps=1, chunk_size=5, coeff=0.01)
+    assert ChunkedPolicy(ens).check_ticks == 6 and ChunkedPolicy(ll.LeRobotLike()).check_ticks == 0

@@ -69,10 +69,12 @@ class InputSpec:
 class Policy(torch.nn.Module):
     """A stateful policy the Engine can capture.
 
-    `step` reads `obs` (1, obs_dim), updates the tensors of `state` IN PLACE and writes `action`
-    (1, action_dim) and `chunk` (1, chunk_len, action_dim). It must not allocate outside
-    temporaries, sync with the host, or branch in Python on tensor values: it is captured once
-    and replayed. `state["goal"]` (1, goal_dim) and `state["step"]` (1,) int64 are always present.
+    A tick is `step` (or `step_kind`) and then `after_step`: together they read `obs`
+    (1, obs_dim), update the tensors of `state` IN PLACE and write `action` (1, action_dim) and
+    `chunk` (1, chunk_len, action_dim); only the Engine calls them, in that order. They must not
+    allocate outside temporaries, sync with the host, or branch in Python on tensor values: they
+    are captured once and replayed. `state["goal"]` (1, goal_dim) and `state["step"]` (1,) int64
+    are always present; the step counter moves on after after_step, by the Engine.
     """
 
     policy_id: str = "policy"
@@ -89,6 +91,10 @@ class Policy(torch.nn.Module):
     # otherwise. False captures the eager kernels: for a policy whose compiled step was seen to
     # differ from its eager one.
     fuse_default: bool = True
+    # Ticks the check of a compiled step (runtime/fusecheck.py) runs at least, for a policy
+    # whose state takes that long to reach the values it keeps from then on (a queue that
+    # fills up); 0: until every tick kind was checked twice.
+    check_ticks: int = 0
 
     def compile_parts(self) -> bool:
         """Compile, in place, the parts of the policy worth compiling on their own; True when
@@ -134,7 +140,8 @@ class Policy(torch.nn.Module):
         same graph, but never compiled: inductor has computed a read of an arena view after a
         later write to the arena in the same compiled step (pytorch/pytorch#198101), so a step
         that may be compiled should only read the regions it rewrites and leave the rewrite to
-        this hook. The same rules as `step`: no allocation outside temporaries, no host sync."""
+        this hook. The same rules as `step`: no allocation outside temporaries, no host sync.
+        `state["step"]` still holds this tick's value."""
 
     def state_spec(self) -> list[StateEntry]:
         """Policy-owned state regions; the engine adds goal, step and meta."""

@@ -138,6 +138,9 @@ class ChunkedPolicy(Policy):
             if self.n_action != 1:
                 raise BadRequest("temporal ensembling infers every tick: n_action_steps must be 1")
         self.coeff = None if coeff is None else float(coeff)
+        # the ensemble counts saturate after chunk_len ticks: the check of a compiled step
+        # (fusecheck.py) runs past that, so the clamped steady state is compared too
+        self.check_ticks = 0 if self.coeff is None else self.chunk_len + 1
         parts = getattr(module, "fuse_parts", ())  # see compile_parts
         self.fuse_parts = (parts,) if isinstance(parts, str) else tuple(parts)
         # The step is compiled whole (checked against the eager step first, fusecheck.py)

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 MAX_TICKS = 256  # a chunked policy's first re-inference comes n_action_steps ticks in
-SEEN = 2  # each tick kind is checked this many times (or until MAX_TICKS)
+SEEN = 2  # each tick kind is checked this many times (or until MAX_TICKS), and at least
+# Policy.check_ticks ticks (an ensembling queue fills up in chunk_len ticks)
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -63,17 +64,19 @@ def check_fused(
     tick_inputs: list[tuple[str, ...]],
     inputs: dict[str, torch.Tensor],
     outputs: dict[str, torch.Tensor],
+    min_ticks: int = 0,
 ) -> str:
     """Step fused and eager from the same state, kind by kind; the first difference ("" when
     none). `kinds(step)` is the tick kind of a step, `run(kind, fused)` one policy step over the
     session's buffers, `advance()` the step counter, `outputs` every buffer the step writes
-    (arena views by name, action, chunk). The caller saves and restores the buffers."""
+    (arena views by name, action, chunk); at least `min_ticks` ticks (MAX_TICKS at most). The
+    caller saves and restores the buffers."""
     g = torch.Generator().manual_seed(0)
     seen: dict[int, int] = {}
     n_kinds = len(tick_inputs)
     with torch.no_grad():
         for step in range(MAX_TICKS):
-            if len(seen) == n_kinds and min(seen.values()) >= SEEN:
+            if len(seen) == n_kinds and min(seen.values()) >= SEEN and step >= min_ticks:
                 break
             kind = kinds(step)
             seen[kind] = seen.get(kind, 0) + 1

@@ -188,6 +188,7 @@ class Session:
                 self.tick_names,
                 self.inputs.dev,
                 outputs,
+                min_ticks=int(getattr(policy, "check_ticks", 0)),
             )
         finally:
             with torch.no_grad():

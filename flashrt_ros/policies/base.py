@@ -139,8 +139,8 @@ class Policy(torch.nn.Module):
         a noise counter advanced), run right after the step of this kind and captured in the
         same graph, but never compiled: inductor has computed a read of an arena view after a
         later write to the arena in the same compiled step (pytorch/pytorch#198101), so a step
-        that may be compiled should only read the regions it rewrites and leave the rewrite to
-        this hook. The same rules as `step`: no allocation outside temporaries, no host sync.
+        that may be compiled should not rewrite a region it has read, and leave that rewrite
+        to this hook. The same rules as `step`: no allocation outside temporaries, no host sync.
         `state["step"]` still holds this tick's value."""
 
     def state_spec(self) -> list[StateEntry]:

@@ -224,7 +224,6 @@ class ChunkedPolicy(Policy):
         step = state["step"]  # (1,) ticks before this one
         if kind != QUEUE:
             self._push(obs, state, step)
-        queue = state["queue"] if self.coeff is None else None
         if kind == INFER:  # a queue tick keeps the history but never reads it
             pred = self.predict(self._batch(obs, state, step), state)
             if self.coeff is not None:
@@ -232,6 +231,8 @@ class ChunkedPolicy(Policy):
                 return
             state["queue"].copy_(pred)
             queue = pred  # the same values, not read back from the arena just written
+        else:
+            queue = state["queue"]
         idx = torch.clamp(step % self.n_action + self.rows, max=self.chunk_len - 1)
         plan = queue.index_select(1, idx)
         chunk.copy_(plan)

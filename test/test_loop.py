@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from flashrt_ros.node.loop import TimerLoop
+from flashrt_ros.node.loop import TimerLoop, os_thread_name
 
 
 def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
@@ -38,6 +38,28 @@ def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     # (a tick that overran on a loaded machine skips the deadlines it missed, never drifts)
     gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) >= 10 and all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
+
+
+def test_the_control_thread_has_its_name_in_the_kernel_too():
+    """top -H and ps -L show the kernel's thread names: the control thread is flashrt-control
+    there, not the process's name; a name over 15 bytes keeps its end, not "flashrt-"."""
+    import threading
+
+    if not sys.platform.startswith("linux"):  # pragma: no cover
+        pytest.skip("no per-thread names here")
+    seen: dict[str, str] = {}
+
+    def tick(deadline: float) -> None:
+        seen.setdefault("comm", open(f"/proc/self/task/{threading.get_native_id()}/comm").read())
+
+    loop = TimerLoop(200.0, tick, on_timing=lambda *_: None, on_error=print)
+    loop.start()
+    time.sleep(0.2)
+    loop.stop()
+    assert seen["comm"].strip() == "flashrt-control"
+    assert os_thread_name("flashrt-services") == "frt-services"
+    assert os_thread_name("flashrt-decode-wrist") == "frt-decode-wris"  # 15 bytes at most
+    assert os_thread_name("planner-spin") == "planner-spin"
 
 
 def _run_loop(rate_hz: float, tick, seconds: float) -> list[tuple]:

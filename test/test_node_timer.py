@@ -280,18 +280,24 @@ def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
     assert resumed(c, n)
 
 
-def _cpu_sets(pid: int) -> list[frozenset[int]]:
-    """The CPUs each thread of the process may run on."""
+def _threads(pid: int) -> list[tuple[str, frozenset[int]]]:
+    """Each thread of the process: its kernel name and the CPUs it may run on."""
     import os
     from pathlib import Path
 
-    sets = []
+    out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            sets.append(frozenset(os.sched_getaffinity(int(task.name))))
+            name = (task / "comm").read_text().strip()
+            out.append((name, frozenset(os.sched_getaffinity(int(task.name)))))
         except OSError:  # the thread ended meanwhile
             pass
-    return sets
+    return out
+
+
+def _cpu_sets(pid: int) -> list[frozenset[int]]:
+    """The CPUs each thread of the process may run on."""
+    return [cpus for _, cpus in _threads(pid)]
 
 
 def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
@@ -307,17 +313,22 @@ def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
     stream(c, 0.5, 100.0)
     assert ros.spin_until(lambda: len(c.commands) > 20, 10.0), proc.log_tail()
     assert f"flashrt-control runs on CPU {cpus[-1]}" in proc.log_path.read_text(errors="replace")
-    sets = _cpu_sets(proc.pid)
+    threads = _threads(proc.pid)
+    # the kernel knows our threads by name (top -H, ps -L): the pinned one is the control thread
+    assert [n for n, _ in threads].count("flashrt-control") == 1, threads
+    assert dict(threads)["flashrt-control"] == mine, threads
     if len(cpus) > 1:
-        assert sets.count(mine) == 1, sets
-        assert all(s == frozenset(cpus) for s in sets if s != mine), sets
+        sets = [s for _, s in threads]
+        assert sets.count(mine) == 1, threads
+        assert all(s == frozenset(cpus) for s in sets if s != mine), threads
     assert c.call("checkpoint", name="pinned").success
     change = ros.client(ChangeState, proc.service("change_state"))
     deactivate = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_DEACTIVATE))
     assert ros.call(change, deactivate, 60).success
     assert c.call("list_capsules").capsules  # the services' own thread, started anew
     assert c.wait_diag(lambda d: d.get("services_thread") == "flashrt-services")
-    assert all(s == frozenset(cpus) for s in _cpu_sets(proc.pid)), _cpu_sets(proc.pid)
+    assert all(s == frozenset(cpus) for s in _cpu_sets(proc.pid)), _threads(proc.pid)
+    assert "frt-services" in dict(_threads(proc.pid)), _threads(proc.pid)
     activate = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_ACTIVATE))
     assert ros.call(change, activate, 60).success
     if len(cpus) > 1:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from diagnostic_msgs.msg import DiagnosticArray
 
-from flashrt_ros.node.loop import EngineLock
+from flashrt_ros.node.loop import EngineLock, name_os_thread
 
 
 class Diagnostics:
@@ -79,6 +79,7 @@ class Diagnostics:
 
     def _watch(self, stop: threading.Event) -> None:
         """While the control thread publishes: step in when it has not for a while."""
+        name_os_thread()
         every = self.FORCE_S + self.EVERY_S
         while not stop.wait(every):
             if time.monotonic() - self.last >= every:

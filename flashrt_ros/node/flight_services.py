@@ -53,6 +53,7 @@ from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.errors import BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.node.loop import name_os_thread
 from flashrt_ros.runtime.flight import nonfinite_regions
 from flashrt_ros.srv import DumpFlight, Rewind
 
@@ -498,6 +499,7 @@ class FlightServices:
 
     # -- the flight thread ------------------------------------------------------------------------
     def _work_forever(self) -> None:
+        name_os_thread()
         while (job := self._jobs.get()) is not None:
             if isinstance(job, Wanted):
                 self._auto(job)

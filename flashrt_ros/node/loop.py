@@ -21,17 +21,39 @@ from flashrt_ros.errors import CapacityError
 # stayed at 0.2 us.
 SPIN_S = 0.0002
 PR_SET_TIMERSLACK = 29
+PR_SET_NAME = 15
+OS_NAME_BYTES = 15  # the kernel keeps 16 bytes of a thread's name, with its NUL
 
 
-def precise_sleeps() -> bool:
-    """Set the calling thread's timer slack to 1 ns (Linux prctl); False where not possible."""
+def _prctl(option: int, arg) -> bool:
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0
+        return libc.prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux, or no prctl
         return False
+
+
+def precise_sleeps() -> bool:
+    """Set the calling thread's timer slack to 1 ns (Linux prctl); False where not possible."""
+    return _prctl(PR_SET_TIMERSLACK, 1)
+
+
+def os_thread_name(name: str) -> str:
+    """The kernel's name for a thread called `name`: itself when it fits in 15 bytes, else
+    "frt-" for "flashrt-" and the rest cut (flashrt-services: frt-services)."""
+    if len(name.encode()) > OS_NAME_BYTES and name.startswith("flashrt-"):
+        name = "frt-" + name[len("flashrt-") :]
+    return name.encode()[:OS_NAME_BYTES].decode(errors="ignore")
+
+
+def name_os_thread() -> bool:
+    """Give the calling thread its Python name in the kernel too (Linux prctl; Python 3.14
+    does it itself), so `top -H`, `ps -L` and /proc/PID/task/*/comm tell the control thread,
+    the services' and the inputs' apart; False where not possible."""
+    name = os_thread_name(threading.current_thread().name).encode()
+    return _prctl(PR_SET_NAME, name)
 
 
 def set_realtime(thread: threading.Thread | None, priority: int) -> str:
@@ -71,6 +93,8 @@ def set_affinity(thread: threading.Thread | None, cpus: frozenset[int] | None) -
             f"({','.join(map(str, sorted(PROCESS_CPUS)))})"
         )
     try:
+        if os.sched_getaffinity(tid) == want:  # nothing to change: the thread is left alone
+            return ""
         os.sched_setaffinity(tid, want)
     except OSError as e:
         return e.strerror or str(e)
@@ -273,6 +297,7 @@ class TimerLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        name_os_thread()
         precise_sleeps()
         with contextlib.ExitStack() as lent:
             serve = None

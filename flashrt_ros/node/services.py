@@ -29,7 +29,7 @@ from rclpy.task import Future
 from flashrt_ros.errors import BadName, BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg
 from flashrt_ros.node.logs import FastLog
-from flashrt_ros.node.loop import EngineLock
+from flashrt_ros.node.loop import EngineLock, name_os_thread
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.srv import (
     Branch,
@@ -350,6 +350,7 @@ class CapsuleServices:
         return n
 
     def _work_forever(self) -> None:
+        name_os_thread()
         while (job := self._jobs.get()) is not None:
             eng, req, n, done = job
             try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
-from flashrt_ros.node.loop import precise_sleeps
+from flashrt_ros.node.loop import name_os_thread, precise_sleeps
 
 WAKE_NS = 1_000_000_000  # with nothing ready the loop looks at the context once a second
 
@@ -82,6 +82,7 @@ class WaitLoop:
 
     def run(self) -> None:
         """The loop; returns once stop() is called or the context is shut down."""
+        name_os_thread()
         try:
             self._wait_loop()
         except Exception as e:  # the context went away under the wait: ending anyway

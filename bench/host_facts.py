@@ -103,10 +103,63 @@ def steal(seconds: float) -> dict:
     }
 
 
+def cpu_model() -> dict:
+    """The CPU's model name and how many hardware threads share a core (2: SMT, where two
+    busy threads on siblings each run slower)."""
+    lines = read("/proc/cpuinfo").splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    sib = read(CPU / "cpu0" / "topology" / "thread_siblings_list")
+    return {"model": model, "threads_per_core": len(cpu_list(sib)) if sib else None}
+
+
+def cpu_list(text: str) -> list[int]:
+    """A kernel CPU list ("0-3,8") as numbers."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def threads(pid: int) -> dict[int, dict]:
+    """Each thread of process `pid` by thread id: its kernel name, the CPU time it has used (s),
+    the CPU it last ran on, that CPU's hardware siblings and how many CPUs it may use."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, dict] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = int(stat[36])  # field 39, "processor"
+            out[int(task.name)] = {
+                "name": (task / "comm").read_text().strip(),
+                "cpu_s": (int(stat[11]) + int(stat[12])) / tick,  # utime + stime
+                "last_cpu": cpu,
+                "siblings": read(CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list"),
+                "allowed": len(os.sched_getaffinity(int(task.name))),
+            }
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            pass
+    return out
+
+
+def thread_use(before: dict[int, dict], after: dict[int, dict], seconds: float) -> list[dict]:
+    """The threads that ran between two threads() samples, busiest first: CPU percent of one
+    core over the `seconds` between them, where each was last, and its siblings."""
+    rows = []
+    for tid, a in after.items():
+        used = a["cpu_s"] - before.get(tid, {"cpu_s": 0.0})["cpu_s"]
+        if used > 0:
+            pct = round(100 * used / max(seconds, 1e-9), 1)
+            row = {"tid": tid, "name": a["name"], "cpu_pct": pct}
+            rows.append(row | {k: a[k] for k in ("last_cpu", "siblings", "allowed")})
+    return sorted(rows, key=lambda r: -r["cpu_pct"])
+
+
 def facts(steal_s: float) -> dict:
     govs = sorted({read(p / "cpufreq" / "scaling_governor", "none") for p in CPU.glob("cpu[0-9]*")})
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "affinity": len(os.sched_getaffinity(0)),
         "governors": govs,
         "isolated": read(CPU / "isolated"),

@@ -65,6 +65,12 @@ def log(*a) -> None:
     print("[ros_bench]", *a, flush=True)
 
 
+def host_cpu() -> dict:
+    from bench.host_facts import cpu_model
+
+    return cpu_model()
+
+
 def pct(a, q) -> float | None:
     a = np.asarray(a, dtype=float)
     return round(float(np.percentile(a, q)), 1) if a.size else None
@@ -526,8 +532,14 @@ def run_timer(
             f"node CPU {row['cpu_pct']} %"
         )
         if services:
+            from bench.host_facts import thread_use, threads
+
+            t0, before = time.monotonic(), threads(proc.pid)
             svc = run_services(cl, proc, args.service_calls)
             svc["during_timer_hz"] = rate
+            # which of the node's threads ran the calls, how busy, on which CPUs: a slow
+            # handler on a thread sharing a core (or the GIL) with a busy one shows here
+            svc["node_threads"] = thread_use(before, threads(proc.pid), time.monotonic() - t0)
         row["streamer"] = stop_streamer(sp)
     finally:
         if sp is not None and sp.poll() is None:
@@ -1653,6 +1665,7 @@ def main() -> int:
         "torch": torch.__version__,
         "host": platform.node(),
         "cpus": os.cpu_count(),
+        "cpu": host_cpu(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - t_all, 1),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -65,12 +65,6 @@ def log(*a) -> None:
     print("[ros_bench]", *a, flush=True)
 
 
-def host_cpu() -> dict:
-    from bench.host_facts import cpu_model
-
-    return cpu_model()
-
-
 def pct(a, q) -> float | None:
     a = np.asarray(a, dtype=float)
     return round(float(np.percentile(a, q)), 1) if a.size else None
@@ -1491,6 +1485,8 @@ def main() -> int:
         return 2
     import torch
 
+    from bench.host_facts import cpu_model
+
     log(
         f"device {args.device}, rates {rates} ({args.seconds} s each, 1 kHz "
         f"{args.seconds_1khz} s), {args.obs_samples} lockstep samples, {args.service_calls} "
@@ -1665,7 +1661,7 @@ def main() -> int:
         "torch": torch.__version__,
         "host": platform.node(),
         "cpus": os.cpu_count(),
-        "cpu": host_cpu(),
+        "cpu": cpu_model(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - t_all, 1),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

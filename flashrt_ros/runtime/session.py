@@ -188,7 +188,7 @@ class Session:
                 self.tick_names,
                 self.inputs.dev,
                 outputs,
-                min_ticks=int(getattr(policy, "check_ticks", 0)),
+                min_ticks=policy.check_ticks,
             )
         finally:
             with torch.no_grad():

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,11 +156,62 @@ def thread_use(before: dict[int, dict], after: dict[int, dict], seconds: float) 
     return sorted(rows, key=lambda r: -r["cpu_pct"])
 
 
+def core_of(cpu: int) -> str:
+    """The hardware core a CPU number belongs to, named by its siblings ("3,11"): two threads on
+    one core share its execution units, so a busy one slows the other."""
+    return read(CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list", str(cpu))
+
+
+class ThreadSampler:
+    """Samples threads(pid) every `period` s in the background while in a `with` block, so that
+    where a thread ran is known for the whole window, not only at its end."""
+
+    def __init__(self, pid: int, period: float = 0.01) -> None:
+        self.pid, self.period, self.samples = pid, period, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.samples.append(threads(self.pid))
+
+    def __enter__(self) -> ThreadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def core_sharing(self) -> dict:
+        """For each thread that ran, the percent of samples in which it last ran on the same
+        core as the busiest thread of that sample interval (the one that used the most CPU):
+        near 0 means the calls had a core to themselves, near 50 or more means they shared the
+        busy loop's core (another hyperthread of it, or the same CPU)."""
+        shared: dict[int, list[int]] = {}
+        for prev, cur in zip(self.samples, self.samples[1:], strict=False):
+            used = {t: cur[t]["cpu_s"] - prev.get(t, cur[t])["cpu_s"] for t in cur}
+            if not used:
+                continue
+            busiest = max(used, key=used.get)
+            busy_core = core_of(cur[busiest]["last_cpu"])
+            for t, row in cur.items():
+                if t != busiest and used[t] > 0:
+                    hit = core_of(row["last_cpu"]) == busy_core
+                    shared.setdefault(t, [0, 0])[hit] += 1
+        last = self.samples[-1] if self.samples else {}
+        return {
+            f"{last.get(t, {}).get('name', '?')}/{t}": round(100 * hit / (hit + miss), 1)
+            for t, (miss, hit) in shared.items()
+        }
+
+
 def facts(steal_s: float) -> dict:
     govs = sorted({read(p / "cpufreq" / "scaling_governor", "none") for p in CPU.glob("cpu[0-9]*")})
     return {
         "cpus": os.cpu_count(),
         "cpu": cpu_model(),
+        "cores": len({core_of(int(p.name[3:])) for p in CPU.glob("cpu[0-9]*")}),
         "affinity": len(os.sched_getaffinity(0)),
         "governors": govs,
         "isolated": read(CPU / "isolated"),

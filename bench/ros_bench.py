@@ -526,14 +526,16 @@ def run_timer(
             f"node CPU {row['cpu_pct']} %"
         )
         if services:
-            from bench.host_facts import thread_use, threads
+            from bench.host_facts import ThreadSampler, thread_use, threads
 
             t0, before = time.monotonic(), threads(proc.pid)
-            svc = run_services(cl, proc, args.service_calls)
+            with ThreadSampler(proc.pid) as sampler:
+                svc = run_services(cl, proc, args.service_calls)
             svc["during_timer_hz"] = rate
             # which of the node's threads ran the calls, how busy, on which CPUs: a slow
             # handler on a thread sharing a core (or the GIL) with a busy one shows here
             svc["node_threads"] = thread_use(before, threads(proc.pid), time.monotonic() - t0)
+            svc["core_shared_with_busiest_pct"] = sampler.core_sharing()
         row["streamer"] = stop_streamer(sp)
     finally:
         if sp is not None and sp.poll() is None:

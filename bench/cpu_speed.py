@@ -1,0 +1,111 @@
+"""How fast each CPU of this machine runs one thread of Python, as JSON. On a virtual machine the
+CPUs are the hypervisor's threads: two of them can differ in speed for a whole run (a host core
+shared with another guest, a different clock), and the node's control thread, which also serves
+the services in timer mode, runs at the speed of the CPU it lands on. A benchmark that compares
+two runs should pin that thread (the node's cpu_affinity) to a CPU this probe rates, or say
+which CPU each run had.
+
+    python3 bench/cpu_speed.py [--rounds 20] [--work 20000] [--cpus 0-15] [--out FILE]
+
+Each round times the same interpreter-bound work (dict stores, tuples, small strings: what a
+service handler does) once on every CPU in turn, the thread pinned there, so slow drift of the
+machine falls on every CPU alike. Per CPU: the best and median time (us) and the steal (time
+the hypervisor ran something else on that CPU) over the probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.host_facts import cpu_list, read  # noqa: E402
+
+
+def work(n: int) -> int:
+    """A fixed amount of interpreter work, like a handler's bookkeeping."""
+    d: dict[int, tuple] = {}
+    for i in range(n):
+        d[i & 255] = (i, str(i & 1023))
+    return len(d)
+
+
+def cpu_times() -> dict[int, list[int]]:
+    """Each CPU's /proc/stat counters (user, nice, system, idle, iowait, irq, softirq, steal)."""
+    out = {}
+    for line in read("/proc/stat").splitlines():
+        name, *vals = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            out[int(name[3:])] = [int(v) for v in vals[:8]]
+    return out
+
+
+def probe(cpus: list[int], rounds: int, n: int) -> dict:
+    """Rounds of `work(n)` on each CPU in turn; the best, median and steal per CPU."""
+    keep = os.sched_getaffinity(0)
+    times: dict[int, list[float]] = {c: [] for c in cpus}
+    t0 = cpu_times()
+    try:
+        for _ in range(rounds):
+            for c in cpus:
+                os.sched_setaffinity(0, {c})
+                work(n // 10)  # settle on the CPU
+                s = time.perf_counter_ns()
+                work(n)
+                times[c].append((time.perf_counter_ns() - s) / 1e3)
+    finally:
+        os.sched_setaffinity(0, keep)
+    t1 = cpu_times()
+    rows = {}
+    for c in cpus:
+        d = [b - a for a, b in zip(t0.get(c, []), t1.get(c, []), strict=False)]
+        total = sum(d) or 1
+        rows[c] = {
+            "best_us": round(min(times[c]), 1),
+            "median_us": round(statistics.median(times[c]), 1),
+            "steal_pct": round(100 * (d[7] if len(d) > 7 else 0) / total, 2),
+        }
+    best = min(rows, key=lambda c: rows[c]["median_us"])
+    worst = max(rows, key=lambda c: rows[c]["median_us"])
+    return {
+        "work": n,
+        "rounds": rounds,
+        "cpus": rows,
+        "fastest": best,
+        "slowest": worst,
+        "slowest_over_fastest": round(rows[worst]["median_us"] / rows[best]["median_us"], 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20, help="times each CPU is measured")
+    ap.add_argument("--work", type=int, default=20000, help="loop iterations of one measure")
+    ap.add_argument("--cpus", help="CPUs to rate, as taskset -c (default: every CPU allowed)")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    a = ap.parse_args()
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = cpu_list(a.cpus) if a.cpus else allowed
+    bad = [c for c in cpus if c not in allowed]
+    if bad or a.rounds < 1 or a.work < 1:
+        what = f"CPUs {bad} are not allowed here ({allowed})" if bad else "--rounds and --work >= 1"
+        print(f"cpu_speed: {what}", file=sys.stderr)
+        return 2
+    out = probe(cpus, a.rounds, a.work)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -528,9 +528,18 @@ def run_timer(
         if services:
             from bench.host_facts import ThreadSampler, thread_use, threads
 
+            floor = None
+            if not args.no_floors:  # answered beside the node's calls, in the same window
+                from bench.ros_floors import launch_floor
+
+                floor = launch_floor(ros, "service", log_dir=args.log_dir)
             t0, before = time.monotonic(), threads(proc.pid)
-            with ThreadSampler(proc.pid) as sampler:
-                svc = run_services(cl, proc, args.service_calls)
+            try:
+                with ThreadSampler(proc.pid) as sampler:
+                    svc = run_services(cl, proc, args.service_calls, floor)
+            finally:
+                if floor is not None:
+                    floor.stop()
             svc["during_timer_hz"] = rate
             # which of the node's threads ran the calls, how busy, on which CPUs: a slow
             # handler on a thread sharing a core (or the GIL) with a busy one shows here
@@ -549,32 +558,39 @@ def run_timer(
 SERVICES_TIMED = ("checkpoint", "restore", "list_capsules", "drop_capsule")
 
 
-def run_services(cl: Client, proc, n: int) -> dict:
+def run_services(cl: Client, proc, n: int, floor=None) -> dict:
+    """`n` rounds of checkpoint, restore, list and drop on the node; with `floor` (a service
+    floor process) also one ListCapsules to it per round, so both see the same machine."""
     sc = ServiceCaller(cl.ros)  # as the floor's: a client with nothing else to do
     try:
-        return _services(cl, sc, proc, n)
+        return _services(cl, sc, proc, n, floor)
     finally:
         sc.close()
 
 
-def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
+def _services(cl: Client, sc: ServiceCaller, proc, n: int, floor=None) -> dict:
     from flashrt_ros import srv
 
     ck = sc.client(srv.Checkpoint, proc.service("checkpoint"))
     rs = sc.client(srv.Restore, proc.service("restore"))
     ls = sc.client(srv.ListCapsules, proc.service("list_capsules"))
     dr = sc.client(srv.DropCapsule, proc.service("drop_capsule"))
-    for c in (ck, rs, ls, dr):
-        if not c.wait_for_service(timeout_sec=10.0):
+    fl = sc.client(srv.ListCapsules, floor.service("list_capsules")) if floor else None
+    for c in (ck, rs, ls, dr, fl):
+        if c is not None and not c.wait_for_service(timeout_sec=20.0):
             raise RuntimeError(f"service {c.srv_name} not available")
-    t_ck, t_rs, t_ls, fails = [], [], [], []
+    t_ck, t_rs, t_ls, t_fl, fails = [], [], [], [], []
     for _ in range(5):  # warm-up, not timed
         _, r = sc.call(ck, srv.Checkpoint.Request())
         if r.success:
             sc.call(rs, srv.Restore.Request(capsule=r.capsule.id))
             sc.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))
         sc.call(ls, srv.ListCapsules.Request())
+        if fl is not None:
+            sc.call(fl, srv.ListCapsules.Request())
     for _ in range(n):
+        if fl is not None:  # the machine's state of this moment, for the floor too
+            t_fl.append(sc.call(fl, srv.ListCapsules.Request())[0])
         dt, r = sc.call(ck, srv.Checkpoint.Request())
         t_ck.append(dt)
         if not r.success:
@@ -618,6 +634,9 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int) -> dict:
         "restore_p99_us": pct(us(t_rs), 99),
         "list_p50_us": pct(us(t_ls), 50),
         "list_p99_us": pct(us(t_ls), 99),
+        # the bare service floor answered in the same rounds (ListCapsules, empty reply)
+        "floor_beside_p50_us": pct(us(t_fl), 50) if t_fl else None,
+        "floor_beside_p99_us": pct(us(t_fl), 99) if t_fl else None,
     }
     log(
         f"services ({n} calls each): checkpoint p50/p99 {out['checkpoint_p50_us']}/"
@@ -1274,6 +1293,7 @@ def headline(
         "service_rtt_p50_us": svc_rtt,
         "floor_echo_p50_us": dig(fe, "p50_us"),
         "floor_service_p50_us": dig(fs, "p50_us"),
+        "floor_service_beside_p50_us": dig(svc, "floor_beside_p50_us"),
         "floor_jitter_p99_us": dig(f500, "period_jitter_p99_us"),
         "node_step_p50_us": dig(r500, "node", "step_p50_us"),
         "overruns_1khz_60s": dig(r1k, "node", "overruns_in_window"),
@@ -1299,6 +1319,8 @@ def headline(
         "vs_floor": {
             "obs_to_action_p50_us": versus(o2a, dig(fe, "p50_us")),
             "service_rtt_p50_us": versus(svc_rtt, dig(fs, "p50_us")),
+            # the floor called in the same rounds as the node: the one the goal compares with
+            "service_rtt_p50_us_beside": versus(svc_rtt, dig(svc, "floor_beside_p50_us")),
             "list_capsules_p50_us": versus(dig(svc, "list_p50_us"), dig(fs, "p50_us")),
             "client_jitter_p99_us_500hz": versus(
                 dig(r500, "period_jitter_p99_us"), dig(f500, "period_jitter_p99_us")
@@ -1321,9 +1343,13 @@ def headline(
         "floor_rule": "bare-rclpy nodes (bench/ros_floors.py), each a separate process on the "
         "same machine in the same run, measured with the same client code: echo = JointState "
         "-> Float64MultiArray in lockstep (vs obs_to_action); service = ListCapsules answered "
-        "at once (vs service_rtt_p50_us and list_capsules); timer = a thread with absolute "
-        "deadlines and the node loop's sleep-then-spin wait publishing with no work, jitter at "
-        "the client's DDS reception (vs client_jitter_p99_us*, the node's 500 Hz and 1 kHz runs "
+        "at once (vs service_rtt_p50_us and list_capsules), in a window of its own "
+        "(floor_service_p50_us) and called once in each round of the node's calls "
+        "(floor_service_beside_p50_us: the same moments, so a CPU of this machine running "
+        "slower for a while slows both; the goal compares with this one); timer = a thread "
+        "with absolute deadlines and the node loop's sleep-then-spin wait publishing with no "
+        "work, jitter at the client's DDS reception (vs client_jitter_p99_us*, the node's "
+        "500 Hz and 1 kHz runs "
         "without publish offset; the 1 kHz one runs --seconds-1khz, as the node's 1 kHz "
         "row, and floor_overruns_1khz counts its deadlines missed over its whole run, the "
         "window and ~2 s around it); image echo = 640x480 rgb8 Image echoed as-is",
@@ -1466,7 +1492,7 @@ def main() -> int:
     args.obs_samples = args.obs_samples or (200 if q else 2000)
     args.service_calls = args.service_calls or (30 if q else 200)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    log_dir = args.log_dir or args.out.parent / "ros_logs"
+    log_dir = args.log_dir = args.log_dir or args.out.parent / "ros_logs"
     if args.policy.startswith("test."):  # a test policy (test/tiny_policy.py): importable there
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{old}" if old else str(ROOT)
@@ -1750,9 +1776,9 @@ def print_table(r: dict) -> None:
               f"{v['ours_minus_floor']} |")  # fmt: skip
     keys = (
         "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
-        "floor_service_p50_us floor_jitter_p99_us node_step_p50_us overruns_1khz_60s "
-        "node_jitter_p99_us_1khz client_jitter_p99_us_1khz floor_jitter_p99_us_1khz "
-        "floor_overruns_1khz "
+        "floor_service_p50_us floor_service_beside_p50_us floor_jitter_p99_us "
+        "node_step_p50_us overruns_1khz_60s node_jitter_p99_us_1khz client_jitter_p99_us_1khz "
+        "floor_jitter_p99_us_1khz floor_overruns_1khz "
         "warm_start_s cold_start_s unfused_start_s floor_start_s node_cpu_pct_500hz "
         "floor_image_echo_p50_us"
     ).split()

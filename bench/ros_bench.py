@@ -230,10 +230,11 @@ class Client:
         if hasattr(msg, "data") and not hasattr(msg, "encoding"):
             self.cmd_vals.append(msg.data)
 
-    def _on_diag(self, msg) -> None:
+    def _on_diag(self, msg, info) -> None:
+        src = int(info.get("source_timestamp", 0) or 0)  # when the node wrote it (wall, ns)
         for st in msg.status:
             if "flashrt" in st.name and self.proc.fqn in st.name:
-                self.diag.append((time.monotonic(), {kv.key: kv.value for kv in st.values}))
+                self.diag.append((src, {kv.key: kv.value for kv in st.values}))
 
     def spin_until(self, pred, timeout: float) -> bool:
         end = time.monotonic() + timeout
@@ -266,9 +267,14 @@ class Client:
         self._js.publish(self._msg)
 
     def latest_diag(self, timeout: float = 3.0) -> dict:
-        n = len(self.diag)
-        self.spin_until(lambda: len(self.diag) > n, timeout)
-        return self.diag[-1][1] if self.diag else {}
+        """The first /diagnostics the node wrote after this call. Messages written while this
+        client was not spun wait in its subscription's history, oldest first: after a window
+        of several seconds (the service calls) the next one taken was from before it."""
+        t0, n = time.time_ns(), len(self.diag)
+        after = lambda: [d for src, d in self.diag[n:] if src >= t0 or not src]  # noqa: E731
+        self.spin_until(lambda: bool(after()), timeout)
+        fresh = after()
+        return fresh[0] if fresh else (self.diag[-1][1] if self.diag else {})
 
 
 def diag_numbers(d: dict) -> dict:
@@ -532,7 +538,8 @@ def run_timer(
             if not args.no_floors:  # answered beside the node's calls, in the same window
                 from bench.ros_floors import launch_floor
 
-                floor = launch_floor(ros, "service", log_dir=args.log_dir)
+                busy = ("busy",) if args.busy_wait else ()  # polls as the node's thread
+                floor = launch_floor(ros, "service", *busy, log_dir=args.log_dir)
             t0, before = time.monotonic(), threads(proc.pid)
             try:
                 with ThreadSampler(proc.pid) as sampler:
@@ -1346,7 +1353,8 @@ def headline(
         "at once (vs service_rtt_p50_us and list_capsules), in a window of its own "
         "(floor_service_p50_us) and called once in each round of the node's calls "
         "(floor_service_beside_p50_us: the same moments, so a CPU of this machine running "
-        "slower for a while slows both; the goal compares with this one); timer = a thread "
+        "slower for a while slows both; with --busy-wait this floor polls, as the node's "
+        "serving thread, instead of sleeping between calls); timer = a thread "
         "with absolute deadlines and the node loop's sleep-then-spin wait publishing with no "
         "work, jitter at the client's DDS reception (vs client_jitter_p99_us*, the node's "
         "500 Hz and 1 kHz runs "

@@ -6,8 +6,11 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
     python bench/ros_floors.py echo          # joint_states (JointState, depth 100 as the node's
                                              #   observation trigger) -> commands (Float64MultiArray
                                              #   of the positions, depth 10)
-    python bench/ros_floors.py service       # ~/list_capsules (flashrt_ros/ListCapsules), answers
-                                             #   with an empty response at once
+    python bench/ros_floors.py service [busy]  # ~/list_capsules (flashrt_ros/ListCapsules),
+                                             #   answers with an empty response at once; busy:
+                                             #   the executor polls (spin_once with no wait)
+                                             #   instead of sleeping, as the node's busy_wait
+                                             #   serving thread never sleeps
     python bench/ros_floors.py timer RATE [PRIO] [busy]  # a thread with absolute deadlines
                                              #   and the node's sleep-then-spin wait (flashrt_ros/
                                              #   node/loop.py TimerLoop) publishing commands, no
@@ -249,9 +252,12 @@ def floor_main(
 
             why = set_realtime(thread, priority)
             stats["realtime_priority"] = priority if not why else f"not applied: {why}"
+    # busy service floor: poll, as the node's serving thread does with busy_wait (its thread's
+    # CPU never idles between requests, so it pays no wake-up from an idle state)
+    wait_s = 0.0 if busy and kind == "service" else 0.05
     try:
         while not stop.is_set():
-            ex.spin_once(timeout_sec=0.05)
+            ex.spin_once(timeout_sec=wait_s)
     finally:
         stop.set()
         if thread is not None:
@@ -271,6 +277,7 @@ if __name__ == "__main__":
         sys.exit(0 if len(sys.argv) >= 2 else 2)
     if sys.argv[1] == "start":
         sys.exit(floor_main("start", None, device=sys.argv[2] if len(sys.argv) > 2 else "cuda"))
-    rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    prio = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    sys.exit(floor_main(sys.argv[1], rate, prio, busy="busy" in sys.argv[4:]))
+    nums = [a for a in sys.argv[2:] if a != "busy"]  # timer RATE [PRIO]
+    rate = float(nums[0]) if nums else None
+    prio = int(nums[1]) if len(nums) > 1 else 0
+    sys.exit(floor_main(sys.argv[1], rate, prio, busy="busy" in sys.argv[2:]))

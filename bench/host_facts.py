@@ -131,9 +131,13 @@ def threads(pid: int) -> dict[int, dict]:
         try:
             stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
             cpu = int(stat[36])  # field 39, "processor"
+            # time on a CPU in ns (schedstat) where the kernel keeps it; else utime + stime,
+            # counted in clock ticks (10 ms), too coarse for a 10 ms sample
+            sched = read(task / "schedstat").split()
+            cpu_s = int(sched[0]) / 1e9 if sched else (int(stat[11]) + int(stat[12])) / tick
             out[int(task.name)] = {
                 "name": (task / "comm").read_text().strip(),
-                "cpu_s": (int(stat[11]) + int(stat[12])) / tick,  # utime + stime
+                "cpu_s": cpu_s,
                 "last_cpu": cpu,
                 "siblings": read(CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list"),
                 "allowed": len(os.sched_getaffinity(int(task.name))),
@@ -184,26 +188,21 @@ class ThreadSampler:
         self._thread.join()
 
     def core_sharing(self) -> dict:
-        """For each thread that ran, the percent of samples in which it last ran on the same
-        core as the busiest thread of that sample interval (the one that used the most CPU):
-        near 0 means the calls had a core to themselves, near 50 or more means they shared the
-        busy loop's core (another hyperthread of it, or the same CPU)."""
-        shared: dict[int, list[int]] = {}
-        for prev, cur in zip(self.samples, self.samples[1:], strict=False):
-            used = {t: cur[t]["cpu_s"] - prev.get(t, cur[t])["cpu_s"] for t in cur}
-            if not used:
-                continue
-            busiest = max(used, key=used.get)
-            busy_core = core_of(cur[busiest]["last_cpu"])
-            for t, row in cur.items():
-                if t != busiest and used[t] > 0:
-                    hit = core_of(row["last_cpu"]) == busy_core
-                    shared.setdefault(t, [0, 0])[hit] += 1
-        last = self.samples[-1] if self.samples else {}
-        return {
-            f"{last.get(t, {}).get('name', '?')}/{t}": round(100 * hit / (hit + miss), 1)
-            for t, (miss, hit) in shared.items()
-        }
+        """For each thread that ran during the window but the busiest (the one that used the
+        most CPU over it), the percent of samples in which it was last on the busiest one's
+        core: near 0 means it had a core of its own, higher means it shared the busy loop's
+        (another hyperthread of it, or the same CPU)."""
+        if len(self.samples) < 2:
+            return {}
+        first, last = self.samples[0], self.samples[-1]
+        used = {t: last[t]["cpu_s"] - first.get(t, last[t])["cpu_s"] for t in last}
+        busiest = max(used, key=used.get)
+        out = {}
+        for t in (t for t in used if t != busiest and used[t] > 0):
+            seen = [s for s in self.samples if t in s and busiest in s]
+            hits = sum(core_of(s[t]["last_cpu"]) == core_of(s[busiest]["last_cpu"]) for s in seen)
+            out[f"{last[t]['name']}/{t}"] = round(100 * hits / len(seen), 1) if seen else None
+        return out
 
 
 def facts(steal_s: float) -> dict:

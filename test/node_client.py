@@ -99,11 +99,13 @@ class NodeClient:
         # or command lost that way stalled a test under load). Let discovery settle.
         ros.spin_for(0.3)
 
-    def _on_diag(self, msg) -> None:
+    def _on_diag(self, msg, info) -> None:
         for st in msg.status:
             if st.name.startswith(f"{self.proc.fqn}:"):  # this node's, not another's
                 d = {kv.key: kv.value for kv in st.values}
                 d["_level"], d["_message"] = int.from_bytes(st.level, "little"), st.message
+                # when the node wrote it (wall ns; 0 where the middleware stamps none)
+                d["_written_ns"] = int(info.get("source_timestamp", 0) or 0)
                 self.diagnostics.append(d)
 
     def _on_goal_applied(self, msg) -> None:
@@ -147,9 +149,17 @@ class NodeClient:
         return self.ros.call(self.ros.client(typ, self.proc.service(service)), req, timeout=30)
 
     def latest_diag(self, timeout: float = 5.0) -> dict:
-        n = len(self.diagnostics)
-        assert self.ros.spin_until(lambda: len(self.diagnostics) > n, timeout), "no diagnostics"
-        return self.diagnostics[-1]
+        """The first diagnostics the node wrote after this call: messages written while
+        nothing spun wait in the subscription's history, and the oldest would come first."""
+        t0, n = time.time_ns(), len(self.diagnostics)
+
+        def fresh() -> list[dict]:
+            return [
+                d for d in self.diagnostics[n:] if not d["_written_ns"] or d["_written_ns"] >= t0
+            ]
+
+        assert self.ros.spin_until(lambda: bool(fresh()), timeout), "no diagnostics"
+        return fresh()[0]
 
     def wait_diag(self, pred, timeout: float = 5.0) -> dict:
         """The first diagnostics message from now on for which pred(d) holds."""

@@ -16,7 +16,6 @@ the hypervisor ran something else on that CPU) over the probe.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.host_facts import cpu_list, read  # noqa: E402
+from bench.host_facts import cpu_list, emit, read  # noqa: E402
 
 
 def work(n: int) -> int:
@@ -98,12 +97,7 @@ def main() -> int:
         what = f"CPUs {bad} are not allowed here ({allowed})" if bad else "--rounds and --work >= 1"
         print(f"cpu_speed: {what}", file=sys.stderr)
         return 2
-    out = probe(cpus, a.rounds, a.work)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(probe(cpus, a.rounds, a.work), a.out)
     return 0
 
 

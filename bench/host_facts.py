@@ -226,17 +226,21 @@ def facts(steal_s: float) -> dict:
     }
 
 
+def emit(result: dict, out: Path | None) -> None:
+    """Print a probe's JSON, and write it to `out` too when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--steal-s", type=float, default=2.0, help="window of the steal sample (s)")
     a = ap.parse_args()
-    out = facts(a.steal_s)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(facts(a.steal_s), a.out)
     return 0
 
 

@@ -10,7 +10,9 @@ which CPU each run had.
 Each round times the same interpreter-bound work (dict stores, tuples, small strings: what a
 service handler does) once on every CPU in turn, the thread pinned there, so slow drift of the
 machine falls on every CPU alike. Per CPU: the best and median time (us) and the steal (time
-the hypervisor ran something else on that CPU) over the probe.
+the hypervisor ran something else on that CPU), as a percent of the CPU's non-idle time over the
+probe (results/2026-12-01-1fd00d5-cpu-speed.json divided by all of its time, idle included:
+about 16x lower on a 16-CPU machine).
 """
 
 from __future__ import annotations
@@ -65,11 +67,12 @@ def probe(cpus: list[int], rounds: int, n: int) -> dict:
     rows = {}
     for c in cpus:
         d = [b - a for a, b in zip(t0.get(c, []), t1.get(c, []), strict=False)]
-        total = sum(d) or 1
+        # of the time the CPU was not idle: each CPU is measured ~1/len(cpus) of the probe
+        busy = (sum(d) - sum(d[3:5])) or 1  # all but idle and iowait
         rows[c] = {
             "best_us": round(min(times[c]), 1),
             "median_us": round(statistics.median(times[c]), 1),
-            "steal_pct": round(100 * (d[7] if len(d) > 7 else 0) / total, 2),
+            "steal_pct": round(100 * (d[7] if len(d) > 7 else 0) / busy, 2),
         }
     best = min(rows, key=lambda c: rows[c]["median_us"])
     worst = max(rows, key=lambda c: rows[c]["median_us"])

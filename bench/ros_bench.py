@@ -271,10 +271,14 @@ class Client:
         client was not spun wait in its subscription's history, oldest first: after a window
         of several seconds (the service calls) the next one taken was from before it."""
         t0, n = time.time_ns(), len(self.diag)
+        # a middleware that stamps no source time (0): the message is taken as it comes
         after = lambda: [d for src, d in self.diag[n:] if src >= t0 or not src]  # noqa: E731
         self.spin_until(lambda: bool(after()), timeout)
         fresh = after()
-        return fresh[0] if fresh else (self.diag[-1][1] if self.diag else {})
+        if not fresh:  # an older message would pass for this moment's: none
+            log(f"no /diagnostics from {self.proc.fqn} written in the {timeout:g} s after asking")
+            return {}
+        return fresh[0]
 
 
 def diag_numbers(d: dict) -> dict:
@@ -539,7 +543,7 @@ def run_timer(
                 from bench.ros_floors import launch_floor
 
                 busy = ("busy",) if args.busy_wait else ()  # polls as the node's thread
-                floor = launch_floor(ros, "service", *busy, log_dir=args.log_dir)
+                floor = launch_floor(ros, "service", *busy, log_dir=args.log_dir, tag="beside")
             t0, before = time.monotonic(), threads(proc.pid)
             try:
                 with ThreadSampler(proc.pid) as sampler:
@@ -1352,9 +1356,9 @@ def headline(
         "-> Float64MultiArray in lockstep (vs obs_to_action); service = ListCapsules answered "
         "at once (vs service_rtt_p50_us and list_capsules), in a window of its own "
         "(floor_service_p50_us) and called once in each round of the node's calls "
-        "(floor_service_beside_p50_us: the same moments, so a CPU of this machine running "
-        "slower for a while slows both; with --busy-wait this floor polls, as the node's "
-        "serving thread, instead of sleeping between calls); timer = a thread "
+        "(floor_service_beside_p50_us: the same moments of the machine and the same client "
+        "load, though not the same CPU as the node's serving thread; with --busy-wait this "
+        "floor polls, as that thread does, instead of sleeping between calls); timer = a thread "
         "with absolute deadlines and the node loop's sleep-then-spin wait publishing with no "
         "work, jitter at the client's DDS reception (vs client_jitter_p99_us*, the node's "
         "500 Hz and 1 kHz runs "

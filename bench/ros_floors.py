@@ -54,15 +54,16 @@ except Exception:  # pragma: no cover
     SPIN_S = 0.0002
 
 
-def launch_floor(ros, kind: str, *args: str, log_dir: Path, env: dict | None = None):
+def launch_floor(ros, kind: str, *args: str, log_dir: Path, env: dict | None = None, tag: str = ""):
     """Start a floor process in `ros`'s domain (LOCALHOST discovery), in `env` (default: this
     process's); returns a NodeProcess (test/ros_helpers.py) that the harness stops (SIGINT)
-    when it closes."""
+    when it closes. `tag` names its log apart from another floor of the same kind."""
     from test.ros_helpers import NodeProcess
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"floor_{kind}{'_' + '_'.join(args) if args else ''}_{os.getpid()}.log"
+    name = "_".join((f"floor_{kind}", *args, *([tag] if tag else []), str(os.getpid())))
+    log_path = log_dir / f"{name}.log"
     env = dict(os.environ if env is None else env)
     env["ROS_DOMAIN_ID"] = str(ros.domain_id)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"

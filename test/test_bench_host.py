@@ -8,21 +8,29 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from bench.cpu_speed import probe
-from bench.host_facts import ThreadSampler, thread_use, threads
+from bench.host_facts import ThreadSampler, core_of, thread_use, threads
 from test.ros_helpers import REPO_ROOT
 
+# a spinning main thread on CPU argv[1] and a thread napping every 2 ms on CPU argv[2]
 BUSY_CHILD = """
-import threading, time
+import os, sys, threading, time
+spin_cpu, nap_cpu = int(sys.argv[1]), int(sys.argv[2])
 def nap():
+    os.sched_setaffinity(0, {nap_cpu})  # 0: the calling thread
     while True:
         time.sleep(0.002)
-threading.Thread(target=nap, name="napper", daemon=True).start()
+threading.Thread(target=nap, daemon=True).start()
+os.sched_setaffinity(0, {spin_cpu})
 print("up", flush=True)
 while True:
     pass
 """
+HAVE_SCHEDSTAT = Path("/proc/self/schedstat").exists()
 
 
 def test_cpu_speed_rates_every_allowed_cpu() -> None:
@@ -32,8 +40,9 @@ def test_cpu_speed_rates_every_allowed_cpu() -> None:
     for row in out["cpus"].values():
         assert 0 < row["best_us"] <= row["median_us"]
         assert 0 <= row["steal_pct"] <= 100
-    assert out["fastest"] in cpus and out["slowest"] in cpus
-    assert out["slowest_over_fastest"] >= 1.0
+    fast, slow = out["cpus"][out["fastest"]], out["cpus"][out["slowest"]]
+    assert fast["median_us"] <= slow["median_us"]
+    assert out["slowest_over_fastest"] == round(slow["median_us"] / fast["median_us"], 3)
     assert os.sched_getaffinity(0) == set(cpus)  # the caller's mask is given back
 
 
@@ -60,8 +69,12 @@ def test_cpu_speed_refuses_a_cpu_it_may_not_use(tmp_path) -> None:
     assert set(json.loads(out.read_text())["cpus"]) == {str(c) for c in os.sched_getaffinity(0)}
 
 
-def test_thread_sampler_finds_the_busy_thread_of_another_process() -> None:
-    p = subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE, text=True)
+def _sample(spin_cpu: int, nap_cpu: int) -> tuple[int, ThreadSampler, list[dict]]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", BUSY_CHILD, str(spin_cpu), str(nap_cpu)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "up"
         before, t0 = threads(p.pid), time.monotonic()
@@ -71,10 +84,26 @@ def test_thread_sampler_finds_the_busy_thread_of_another_process() -> None:
     finally:
         p.kill()
         p.wait(timeout=10)
-    assert len(s.samples) >= 20
-    assert rows[0]["tid"] == p.pid and rows[0]["cpu_pct"] > 50  # the main thread spins
+    return p.pid, s, rows
+
+
+@pytest.mark.skipif(not HAVE_SCHEDSTAT, reason="needs /proc/<pid>/schedstat (ns CPU time)")
+def test_thread_sampler_sees_a_thread_on_the_busy_threads_cpu() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    pid, s, rows = _sample(cpus[0], cpus[0])
+    assert len(s.samples) >= 20  # sampled from its own process, every 10 ms
+    assert rows[0]["tid"] == pid and rows[0]["last_cpu"] == cpus[0]  # the spinner is busiest
     shared = s.core_sharing()
-    # the napping thread (it ran: schedstat counts its microseconds) is rated against the
-    # spinning one, as a percentage of the samples; the busiest itself is not
-    assert len(shared) == 1 and not any(k.endswith(f"/{p.pid}") for k in shared), shared
-    assert 0.0 <= next(iter(shared.values())) <= 100.0
+    assert list(shared.values()) == [100.0], shared  # the napper, always on the same CPU
+
+
+@pytest.mark.skipif(not HAVE_SCHEDSTAT, reason="needs /proc/<pid>/schedstat (ns CPU time)")
+def test_thread_sampler_sees_a_thread_on_a_core_of_its_own() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    other = next((c for c in cpus[1:] if core_of(c) != core_of(cpus[0])), None)
+    if other is None:
+        pytest.skip("needs two CPUs on different cores")
+    pid, s, rows = _sample(cpus[0], other)
+    shared = s.core_sharing()
+    assert list(shared.values()) == [0.0], shared
+    assert not any(k.endswith(f"/{pid}") for k in shared)  # the busiest is not rated

@@ -7,6 +7,7 @@ accepts) or a failed autostart configure.
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 import time
@@ -77,8 +78,6 @@ def _check_parameters(argv: Sequence[str]) -> None:
 def process_age_s() -> float:
     """Seconds since this process started (Linux /proc; 0.0 elsewhere), so the start-up log
     counts the interpreter's own start too."""
-    import os
-
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -102,6 +101,12 @@ def main(args: Sequence[str] | None = None) -> int:
     from flashrt_ros.node import bytecode
 
     bytecode_note = bytecode.enable()  # before torch is imported (bytecode.py says why)
+    # One OpenMP thread per thread, unless the user exported a count, set before torch loads
+    # OpenMP: its thread count is kept per calling thread, so the Engine's set_num_threads(1)
+    # covers only the thread that built it. On a CPU device the control thread's first large op
+    # then started an OpenMP worker, which inherited the control thread's name, CPU pin and
+    # SCHED_FIFO priority and spun beside it (seen on a 2-core Xeon; test_node_timer).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor

@@ -1330,7 +1330,7 @@ def headline(
         "vs_floor": {
             "obs_to_action_p50_us": versus(o2a, dig(fe, "p50_us")),
             "service_rtt_p50_us": versus(svc_rtt, dig(fs, "p50_us")),
-            # the floor called in the same rounds as the node: the one the goal compares with
+            # the floor called in the same rounds as the node's calls (floor_rule)
             "service_rtt_p50_us_beside": versus(svc_rtt, dig(svc, "floor_beside_p50_us")),
             "list_capsules_p50_us": versus(dig(svc, "list_p50_us"), dig(fs, "p50_us")),
             "client_jitter_p99_us_500hz": versus(

@@ -105,7 +105,7 @@ def main(args: Sequence[str] | None = None) -> int:
     # OpenMP: its thread count is kept per calling thread, so the Engine's set_num_threads(1)
     # covers only the thread that built it. On a CPU device the control thread's first large op
     # then started an OpenMP worker, which inherited the control thread's name, CPU pin and
-    # SCHED_FIFO priority and spun beside it (seen on a 2-core Xeon; test_node_timer).
+    # SCHED_FIFO priority and waited beside it (seen on a 2-core Xeon; test_node_timer).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import rclpy

@@ -45,6 +45,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -1069,8 +1070,11 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
     """Seconds from spawning flashrt_node (trigger=timer at `rate`, a streamer already
     publishing joint_states) to the first command received here. The node's torch inductor and
     triton caches and its bytecode cache are `cache_dir` (empty: cold; filled by an earlier
-    run: warm). Label "unfused": the node with fuse=false (nothing compiled). Label "floor":
+    run: warm). Label "unfused": the node with fuse=false (nothing compiled). Label "late": the
+    node with late_fuse=true (eager until the fused step, built in the background, is swapped
+    in; then also how the commands came while it was built: late_fuse_window). Label "floor":
     the start floor (ros_floors.py start) instead of the node."""
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
 
@@ -1078,8 +1082,16 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
 
     stamps: list[float] = []
     sub = ros.node.create_subscription(
-        Float64MultiArray, "/commands", lambda _m: stamps.append(time.monotonic()), 10
+        Float64MultiArray, "/commands", lambda _m: stamps.append(time.monotonic()), 1000
     )
+    kernels: list[tuple[float, dict]] = []  # (when, the node's /diagnostics key-values)
+
+    def on_diag(msg) -> None:
+        for st in msg.status:
+            if st.name.startswith("flashrt"):
+                kernels.append((time.monotonic(), {kv.key: kv.value for kv in st.values}))
+
+    dsub = ros.node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     ex = SingleThreadedExecutor(context=ros.context)
     ex.add_node(ros.node)
     files_before = sum(1 for p in cache_dir.rglob("*") if p.is_file())
@@ -1114,6 +1126,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
                     rate_hz=rate,
                     compile_cache_dir=str(cache_dir),
                     **({"fuse": False} if label == "unfused" else {}),
+                    **({"late_fuse": True} if label == "late" else {}),
                 ),
                 log_dir=log_dir,
                 env=env,
@@ -1126,6 +1139,17 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
             why = "exited" if not proc.alive() else f"no command in {args.startup_timeout} s"
             raise RuntimeError(f"{label} start: node {why}\n{proc.log_tail()}")
         first = stamps[0] - t0
+        late = None
+        if label == "late":  # until /diagnostics says what the step runs now, then 2 s more
+            built = lambda: any(  # noqa: E731
+                not d.get("kernels", "").startswith("eager (") for _, d in kernels
+            )
+            while not built() and proc.alive() and time.monotonic() < end:
+                ex.spin_once(timeout_sec=0.05)
+            t_more = time.monotonic() + 2.0
+            while time.monotonic() < t_more:
+                ex.spin_once(timeout_sec=0.05)
+            late = late_fuse_window(stamps, kernels, rate, t0)
     finally:
         info = stop_streamer(sp)
         with contextlib.suppress(Exception):
@@ -1133,10 +1157,12 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
             ex.shutdown(timeout_sec=0)
         with contextlib.suppress(Exception):
             ros.node.destroy_subscription(sub)
+            ros.node.destroy_subscription(dsub)
         if proc is not None:
             proc.stop()
     out = {
         "first_command_s": round(first, 2),
+        **({"late_fuse_window": late} if late is not None else {}),
         **({"floor": floor_summary(proc)} if label == "floor" else {}),
         "rate_hz": rate,
         "cache_dir_files_before": files_before,
@@ -1144,6 +1170,36 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
         "streamer": info,
     }
     log(f"{label} start: first command {out['first_command_s']} s after spawn ({out})")
+    return out
+
+
+def late_fuse_window(stamps: list[float], diags: list[tuple[float, dict]], rate: float, t0: float):
+    """How the commands came while late_fuse built the fused step, and after the swap. The
+    node's message says the step the fused step took over after ("from step N of main"); in
+    timer mode command k (0-based) is step k + 1, so commands [0, N) came from the eager
+    graph while the build ran and [N, ...) from the fused one."""
+    ended = [d for _, d in diags if not d.get("kernels", "").startswith("eager (")]
+    said = ended[0].get("late_fuse", "") if ended else ""
+    out: dict = {"late_fuse": said, "kernels": diags[-1][1].get("kernels") if diags else None}
+    m = re.search(r"from step (\d+) of main, built in the background in ([0-9.]+) s", said)
+    if m is None:
+        return out
+    n, built_s = int(m.group(1)), float(m.group(2))
+    ns = [int(t * 1e9) for t in stamps]
+    period = 1.0 / rate
+    out.update(
+        swap_step=n,
+        built_s=built_s,
+        swap_s_after_spawn=round(stamps[n] - t0, 2) if n < len(stamps) else None,
+        building=jitter_stats(ns[: n + 1], period),  # the intervals up to the first fused one
+        after=jitter_stats(ns[n : 2 * n + 1], period),
+    )
+    for k in ("building", "after"):  # intervals over 2 periods: a command came late
+        part = ns[: n + 1] if k == "building" else ns[n : 2 * n + 1]
+        dt = np.diff(np.asarray(part, dtype=np.int64)) * 1e-9
+        out[k]["late_over_2_periods"] = int((dt > 2 * period).sum())
+    ov = [int(d["overruns"]) for _, d in diags if d.get("overruns", "").isdigit()]
+    out["node_overruns_last"] = ov[-1] if ov else None
     return out
 
 
@@ -1317,6 +1373,11 @@ def headline(
         "cold_start_s": dig(starts.get("cold"), "first_command_s"),
         "floor_start_s": dig(starts.get("floor"), "first_command_s"),
         "unfused_start_s": dig(starts.get("unfused"), "first_command_s"),
+        "late_fuse_start_s": dig(starts.get("late"), "first_command_s"),
+        "late_fuse_swap_s": dig(starts.get("late"), "late_fuse_window", "swap_s_after_spawn"),
+        "late_fuse_build_jitter_p99_us": dig(
+            starts.get("late"), "late_fuse_window", "building", "jitter_p99_us"
+        ),
         "node_cpu_pct_500hz": dig(r500, "cpu_pct"),
         "floor_image_echo_p50_us": dig(fi, "p50_us"),
         "floor_image_echo_30hz_p50_us": dig(floors, "image_echo_30hz", "p50_us"),
@@ -1373,6 +1434,10 @@ def headline(
         "already streaming) to the first command received; cold: TORCHINDUCTOR_CACHE_DIR, "
         "TRITON_CACHE_DIR and FLASHRT_PYCACHE (the node's bytecode cache) a new empty folder, "
         "first node start of the run; warm: the next start with the same folders; "
+        "late_fuse_start_s: the node with late_fuse=true after the warm start (eager graph "
+        "first, the fused step loaded in the background and swapped in; late_fuse_swap_s: "
+        "from spawn to the first command of the fused step; late_fuse_build_jitter_p99_us: "
+        "the command intervals' deviation from the period until then); "
         "unfused_start_s: the node with fuse=false (its step captured without compiling), "
         "after the warm start; floor_start_s: the same for a bare rclpy node that imports "
         "torch, makes one tensor on the device and answers each joint_states through it "
@@ -1383,7 +1448,9 @@ def headline(
             del out[k]
         del out["vs_floor"]
     if not given_starts:
-        for k in ("warm_start_s", "cold_start_s", "floor_start_s", "unfused_start_s", "start_rule"):
+        for k in [k for k in out if k.endswith("start_s") or k.startswith("late_fuse_")] + [
+            "start_rule"
+        ]:
             del out[k]
     return out
 
@@ -1562,7 +1629,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="flashrt_bench_cache_") as tmp:
             # unfused: the node with fuse=false (the plain step captured, nothing compiled),
             # after the warm start has filled the bytecode cache
-            for label in ("cold", "warm", "unfused", "floor"):
+            for label in ("cold", "warm", "late", "unfused", "floor"):
                 r = attempt(f"{label} start", run_startup, args, Path(tmp), label, log_dir)
                 if r is not None:
                     starts[label] = r
@@ -1791,7 +1858,8 @@ def print_table(r: dict) -> None:
         "floor_service_p50_us floor_service_beside_p50_us floor_jitter_p99_us "
         "node_step_p50_us overruns_1khz_60s node_jitter_p99_us_1khz client_jitter_p99_us_1khz "
         "floor_jitter_p99_us_1khz floor_overruns_1khz "
-        "warm_start_s cold_start_s unfused_start_s floor_start_s node_cpu_pct_500hz "
+        "warm_start_s cold_start_s late_fuse_start_s late_fuse_swap_s unfused_start_s "
+        "floor_start_s node_cpu_pct_500hz "
         "floor_image_echo_p50_us"
     ).split()
     print("\nros: " + " ".join(f"{k}={r.get(k)}" for k in keys) + "\n", flush=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import time
 
@@ -58,6 +59,10 @@ from flashrt_ros.runtime.engine import Engine
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
 # the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
+# late_fuse: while its thread builds the fused step, Python hands the GIL over at least this
+# often (default 5 ms), so the control loop waits for it at most about that long per tick
+LATE_FUSE_SWITCH_S = 0.0002
+FUSE_WAIT_S = 300.0  # cleanup waits this long for a fused step still building
 
 
 class FlashrtNode(LifecycleNode):
@@ -96,6 +101,7 @@ class FlashrtNode(LifecycleNode):
         self._stepped_at: tuple[int, ...] = ()
         self._js_taken = 0  # valid joint_states so far (frame steps count them)
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
+        self._switch_s: float | None = None  # the GIL's switch interval before late_fuse
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
@@ -156,6 +162,7 @@ class FlashrtNode(LifecycleNode):
                 flight_ticks=cfg.flight_ticks,
                 compile_cache_dir=cfg.compile_cache_dir or None,
                 fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
+                late_fuse=cfg.late_fuse,
                 image_encodings={  # a compressed camera is decoded to the policy's default
                     IMAGE_PREFIX + name: e
                     for name, enc in cameras.items()
@@ -169,6 +176,9 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
+        if engine.fusing:  # the build thread and the control loop share the GIL: swap often
+            self._switch_s = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._switch_s, LATE_FUSE_SWITCH_S))
         self._pub_cmd = self._pub_traj = None
         if cfg.output in ("commands", "both"):
             self._pub_cmd = self.create_lifecycle_publisher(Float64MultiArray, "commands", 10)
@@ -270,7 +280,28 @@ class FlashrtNode(LifecycleNode):
             return "eager CPU path"
         if engine.fused_mismatch:  # the Engine logged it as an error too
             return f"captured graph, unfused (the fused step differed: {engine.fused_mismatch})"
+        if engine.fusing:
+            return "captured graph, unfused until the fused step is built (late_fuse)"
         return "captured graph, " + ("fused" if engine.fuse else "unfused (fuse: false)")
+
+    @staticmethod
+    def _kernels(engine: Engine) -> str:
+        """What the live step runs, for /diagnostics."""
+        if engine.fusing:
+            return "eager (fused step building: late_fuse)"
+        return "fused" if engine.fused else "eager"
+
+    def _late_fuse_ended(self, engine: Engine) -> None:
+        """Say what came of late fusing; the GIL's switch interval goes back."""
+        if self._switch_s is not None:
+            sys.setswitchinterval(self._switch_s)
+            self._switch_s = None
+        if engine.fusing:
+            self.get_logger().warning("late_fuse: the fused step was still building; left")
+        elif engine.fused:
+            self.get_logger().info(f"late_fuse: {engine.late_fuse}")
+        else:
+            self.get_logger().error(f"late_fuse: {engine.late_fuse}")
 
     @staticmethod
     def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
@@ -419,6 +450,9 @@ class FlashrtNode(LifecycleNode):
         self.flight.settle()  # an automatic dump asked for takes its copy before the engine goes
         with self.engine_lock:
             fused = self.engine is not None and self.engine.fuse
+            if fused and self.engine.fusing:  # its thread compiles with the old policy
+                self.engine.finish_fusing(timeout=FUSE_WAIT_S)
+                self._late_fuse_ended(self.engine)
             self.engine = None
         if fused:  # drop compiled code that holds the old policy's weights
             torch._dynamo.reset()
@@ -711,6 +745,12 @@ class FlashrtNode(LifecycleNode):
                 kv["capsules"] = str(len(eng.capsules()))
                 kv["pool_bytes_used"], kv["pool_bytes_total"] = map(str, pool_bytes(eng))
                 kv["device"] = str(eng.device)
+                if eng.fusing:  # a commit boundary: a fused step built by now is swapped in
+                    eng.finish_fusing(timeout=0)
+                    if not eng.fusing:
+                        self._late_fuse_ended(eng)
+                kv["kernels"] = self._kernels(eng)
+                kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)
                 kv.update(self.flight.diagnostics(eng, live))
         kv["stale_stream"] = self._stale_why
         kv["services_thread"] = self.service_host.serving_thread

@@ -765,6 +765,16 @@ NODE_PARAMS = ParamTable(
             "torch and rclpy); no effect on the CPU, which never compiles",
         ),
         Param(
+            "late_fuse",
+            False,
+            "bool",
+            "with fuse: start on the plain captured step and build the fused one in a background "
+            "thread, swapped in between two ticks once checked; the first command comes about as "
+            "soon as with fuse false, ticks in the seconds of the build can come late, and a "
+            "state stepped across the swap continues within float reassociation (~1e-6), not bit "
+            "for bit (off by default, so bag replays are bit-exact)",
+        ),
+        Param(
             "max_sessions",
             4,
             "integer",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +51,7 @@ from flashrt_ros.runtime.inputs import (
     vector,
     wire_shape,
 )
+from flashrt_ros.runtime.latefuse import LateFuse
 from flashrt_ros.runtime.precompiled import PrecompiledSteps, step_key
 from flashrt_ros.runtime.probe import CheckpointProbe
 from flashrt_ros.runtime.session import Session, engine_entries
@@ -163,6 +165,7 @@ class Engine:
         flight_ticks: int = 0,
         image_encodings: dict[str, str] | None = None,
         compile_cache_dir: str | Path | None = None,
+        late_fuse: bool = False,
     ):
         """`use_graph` captures the step as a CUDA graph (CUDA only); `fuse` compiles it with
         inductor before capture (default: on CUDA when capturing) so the graph holds fewer,
@@ -176,7 +179,11 @@ class Engine:
         reuses the kernels of this policy, weights and layout only; a
         fused step is then also compiled ahead of time and saved there (precompiled.py), and
         a warm start loads it instead of compiling it again (`precompiled.events` says which).
-        Every argument is checked before anything is allocated."""
+        `late_fuse` (with a fused step): serve the eager kernels from the first step and build
+        the fused step in a background thread, swapped in at a commit boundary once checked
+        (latefuse.py; `fusing`, `finish_fusing()`): a start in a fraction of the time, at the
+        price its module doc states. Every argument is checked before anything is
+        allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
         seed = _int(seed, "seed", -(2**63), 2**63 - 1)
@@ -186,6 +193,7 @@ class Engine:
         use_graph = _bool(use_graph, "use_graph")
         if fuse is not None:
             fuse = _bool(fuse, "fuse")
+        late_fuse = _bool(late_fuse, "late_fuse")
         if capsule_dir is not None and not isinstance(capsule_dir, str | Path):
             raise BadRequest(f"capsule_dir must be a path or None, got {capsule_dir!r}")
         self.obs_limit = _limit(obs_limit)
@@ -223,6 +231,12 @@ class Engine:
         # Why the compiled step is not served ("" while it is, or was never asked for): the
         # first session checks it against the eager step (fusecheck.py).
         self.fused_mismatch = ""
+        self._capture_lock = threading.Lock()  # captures one at a time, in whichever thread
+        # late fusing: sessions start on the eager kernels, the fused step comes later
+        late = late_fuse and self._fuse_step
+        self._fuse_step = self._fuse_step and not late
+        self._late: LateFuse | None = None
+        self.late_fuse = ""  # what became of late fusing, once it ended ("" before, or never)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
@@ -281,6 +295,14 @@ class Engine:
         self.build_s["checksum_kernel"] = t - t0
         self.store.reload(self.load_capsule, room=self.pool.free_slots)
         self.build_s["reload"] = time.perf_counter() - t
+        if late:
+            self._late = LateFuse(
+                self._fused_probe,
+                lambda: list(self._sessions.values()),
+                self.flight_ticks,
+                self.device,
+            )
+            self._late.start()
 
     # -- sessions ----------------------------------------------------------------------------------
     @property
@@ -332,6 +354,7 @@ class Engine:
         return self._new_session(name)
 
     def _new_session(self, name: str) -> Session:
+        self._end_late_fuse()  # a commit boundary: a fused step ready is swapped in first
         ticks = 0 if name.startswith("_") else self.flight_ticks  # no ring for internal sessions
         s = Session(
             name,
@@ -345,18 +368,22 @@ class Engine:
             self.encodings,
             self.precompiled,
             check_fused=self._fuse_step and not self._sessions,  # the first session
+            capture_lock=self._capture_lock,
         )
         if s.fused_mismatch:  # every later session is built unfused too
             self._fuse_step, self.fused_mismatch = False, s.fused_mismatch
-            log.error(
-                "%s: the compiled (fused) step differs from the eager step (%s); serving the "
-                "eager kernels, captured as a CUDA graph where there is one. An inductor fault "
-                "(see docs/design.md, 'Checking the fused step'); fuse=False skips the compile.",
-                self.policy.policy_id,
-                s.fused_mismatch,
-            )
+            self._log_mismatch()
         self._sessions[name] = s
         return s
+
+    def _log_mismatch(self) -> None:
+        log.error(
+            "%s: the compiled (fused) step differs from the eager step (%s); serving the "
+            "eager kernels, captured as a CUDA graph where there is one. An inductor fault "
+            "(see docs/design.md, 'Checking the fused step'); fuse=False skips the compile.",
+            self.policy.policy_id,
+            self.fused_mismatch,
+        )
 
     def drop_session(self, name: str) -> None:
         self.session(name)
@@ -367,6 +394,69 @@ class Engine:
         del self._sessions[name]
         self._poison.pop(name, None)
         self._probes.pop(name, None)
+
+    # -- late fusing (latefuse.py) ---------------------------------------------------------------
+    @property
+    def fusing(self) -> bool:
+        """A fused step is being built in the background (or is ready and not yet swapped in)."""
+        return self._late is not None
+
+    @property
+    def fused(self) -> bool:
+        """The main session steps with the compiled (fused) step."""
+        return self.session("main").fused
+
+    def finish_fusing(self, timeout: float | None = None) -> bool:
+        """Wait for late fusing to end and swap the fused step in; call it from the thread
+        that steps (it is a commit boundary). True once the fused step is served; False when
+        it will not be (`late_fuse` says why) or on timeout (still building)."""
+        late = self._late
+        if late is not None and not late.wait(timeout):
+            return False
+        self._end_late_fuse()
+        return self.fused
+
+    def _fused_probe(self, ticks: int, check: bool) -> Session:
+        """A fused session on an arena of its own, for LateFuse: compiled, checked, warmed up."""
+        return Session(
+            "_fuse",
+            self.policy,
+            self.spec,
+            self.device,
+            self.seed,
+            self.use_graph,
+            True,
+            ticks,
+            self.encodings,
+            self.precompiled,
+            check_fused=check,
+            capture_lock=self._capture_lock,
+        )
+
+    def _end_late_fuse(self) -> None:
+        """Swap the fused plans into every session if the background build is ready; once it
+        has ended either way, say what came of it. Only at a commit boundary."""
+        late = self._late
+        if late is None or not late.done.is_set():
+            return
+        self._late = None
+        if late.ready:
+            for s in list(self._sessions.values()):
+                s.use_plans(late.plans_for(s))
+            self._fuse_step = True  # later sessions are built fused
+            main = self._sessions["main"]
+            self.late_fuse = (
+                f"fused step in service from step {main.steps} of main, built in the background "
+                f"in {late.built_s:.2f} s"
+            )
+            log.info("%s: %s", self.policy.policy_id, self.late_fuse)
+            return
+        self.late_fuse = f"eager kernels kept: {late.why_not}"
+        if late.mismatch:
+            self.fused_mismatch = late.mismatch
+            self._log_mismatch()
+        else:
+            log.error("%s: %s", self.policy.policy_id, self.late_fuse)
 
     def session_step(self, session: str = "main") -> int:
         return self.session(session).steps
@@ -536,6 +626,8 @@ class Engine:
         plan, and bring the outputs to the host buffers; then check the host action (and chunk)
         for NaN/Inf, which costs no sync: they are already on the host. A fault poisons the
         session, so nothing non-finite ever reaches a robot."""
+        if self._late is not None and self._late.done.is_set():
+            self._end_late_fuse()  # between two steps: swap the fused plans in
         kind = self.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
         names = s.tick_names[kind]
         if isinstance(x, dict):

@@ -56,14 +56,30 @@ class StepPlan:
             for _ in range(warmup):
                 self.fn()
         cur.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), where, torch.cuda.graph(graph):
-            self.fn()
+        graph = self._record()
         for t, s in zip(protect, saved, strict=True):
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph = graph
         self._upload = None
+
+    def capture_only(self) -> None:
+        """Capture one step without running anything: for buffers another thread may be
+        stepping meanwhile (latefuse.py). The step's kernels must be ready (compiled, loaded,
+        their handles made) by an earlier run on buffers of the same shapes."""
+        if not self.use_graph:
+            return
+        self.graph, self._upload = self._record(), None
+
+    def _record(self) -> torch.cuda.CUDAGraph:
+        """The captured graph of one call of fn. Thread-local capture: only this thread's
+        unsafe calls end it, so another thread may keep stepping, copying and waiting on
+        other streams meanwhile (a step built in the background, latefuse.py)."""
+        where = self.device if self.default_device else contextlib.nullcontext()
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), where, torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.fn()
+        return graph
 
     def upload(self) -> bool:
         """Upload the captured graph to the device on the current stream without running it

@@ -217,15 +217,20 @@ class PrecompiledSteps:
         args: tuple,
         fallback: Callable[[], Callable],
         keep: tuple[int, ...] = (),
+        loaded_only: bool = False,
     ) -> Callable:
         """`fn` compiled for `args` (its example call): loaded from disk when a checked
         artifact is there, else compiled, saved and returned. Sessions called with the same
         shapes and constants share one. Where torch cannot compile it ahead of time (e.g. a
         policy class defined inside a function, which its guards cannot name), `fallback()`
         (torch.compile's function, compiled on first call) is returned instead. `keep`: see
-        check_digest. The step keeps a grad-mode guard: call it under torch.no_grad()."""
+        check_digest. The step keeps a grad-mode guard: call it under torch.no_grad().
+        `loaded_only`: RuntimeError unless this process already has it (loading checks a step
+        by calling it, which writes the arguments at `keep`: never a live session's)."""
         name = "step-" + signature(args)
         got = self._fns.get(name)
+        if got is None and loaded_only:
+            raise RuntimeError(f"precompiled {name} is not loaded in this process")
         if got is None:
             got = self._load(name, args, keep)
             if got is None:

@@ -3,6 +3,10 @@ kind of the policy: e.g. a tick that infers and a tick that only pops the action
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from flashrt_ros.cuda import ring as ring_kernel
@@ -69,6 +73,16 @@ def fused_step():
     return _fused_step
 
 
+@dataclass
+class PlanSet:
+    """A session's steps, one per tick kind, swapped in together (Session.use_plans)."""
+
+    fused: bool  # the compiled step, or the eager kernels
+    plans: list[StepPlan]
+    step_fns: list[Callable[[], None]]  # per kind: the step without IO
+    runs: list[Callable[[bool], None]]  # per kind: run(use_fused), the policy step alone
+
+
 def engine_entries(policy: Policy) -> list[StateEntry]:
     """State every session has whatever the policy: goal, step counter, metadata."""
     return [
@@ -94,6 +108,7 @@ class Session:
         encodings: dict[str, str] | None = None,
         precompiled: PrecompiledSteps | None = None,
         check_fused: bool = False,
+        capture_lock=None,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
@@ -101,7 +116,9 @@ class Session:
         With `fuse`, `precompiled` (precompiled.py) loads or compiles-and-saves each tick kind's
         fused step ahead of time instead of torch.compile's tracing on first call. With
         `check_fused`, a fused step is first checked against the eager one (fusecheck.py);
-        when they differ, `fused_mismatch` says how and the step is captured unfused."""
+        when they differ, `fused_mismatch` says how and the step is captured unfused.
+        `capture_lock` (a lock) is held around each capture: the Engine's captures, in
+        whichever thread, happen one at a time."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -136,6 +153,7 @@ class Session:
         )
         self.table = table
         fused = (precompiled or fused_step()) if fuse else None
+        self.fused_fn = fused  # what prepare_plans takes (the steps themselves are per kind)
         self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
         ring = self.flight.words if self.flight is not None else None
         # On CUDA the ring write is our own kernel (cuda/ring.py), launched in the step graph
@@ -152,38 +170,61 @@ class Session:
             tuple(n for n in self.inputs.dev if n in set(policy.tick_inputs(k))) for k in kinds
         ]
         # every buffer a step writes or reads; the check and the warm-up put them back
-        protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
+        self._protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
+        self._policy, self._ring, self._device, self._use_graph = policy, ring, device, use_graph
+        self._capture_lock = capture_lock or contextlib.nullcontext()
         self.fused_mismatch = ""  # why the fused step was not served (check_fused)
-        self._build_plans(policy, fused, ring, device, use_graph)
+        plans = self._make_plans(fused)
         if fused is not None and check_fused:
-            self.fused_mismatch = self._check_fused(policy, protect)
+            self.fused_mismatch = self._check_fused(policy, plans.runs)
             if self.fused_mismatch:  # served from its eager kernels
-                self._build_plans(policy, None, ring, device, use_graph)
+                plans = self._make_plans(None)
+        # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
+        # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
+        for plan in plans.plans:
+            with self._capture_lock:
+                plan.capture(self._protect)
+        self.use_plans(plans)
+
+    def _make_plans(self, fused, loaded_only: bool = False) -> PlanSet:
+        """One StepPlan per tick kind, not yet captured; `fused`: the compiled step or None.
+        `loaded_only`: a precompiled step must already be loaded (PrecompiledSteps.step)."""
+        kinds = range(len(self._policy.tick_kinds))
+        made = [self._plan(self._policy, k, fused, loaded_only) for k in kinds]
+        return PlanSet(fused is not None, *(list(x) for x in zip(*made, strict=True)))
+
+    def use_plans(self, plans: PlanSet) -> None:
+        """Serve these plans from the next tick on (a commit boundary: only between steps)."""
+        self.plans = plans.plans
+        self._step_fns, self._runs = plans.step_fns, plans.runs
+        self.plan = self.plans[0]
+        self.step_fn = self._step_fns[0]  # the first kind's step, without IO
+        self.fused = plans.fused
         # With a graph, the input uploads and the output downloads are memcpy nodes of the
         # graph: a tick is then one launch and one wait, with nothing else issued per step.
         self.io_in_graph = self.plan.use_graph
-        # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
-        # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
-        for plan in self.plans:
-            plan.capture(protect)
 
-    def _build_plans(self, policy: Policy, fused, ring, device, use_graph) -> None:
-        self.plans: list[StepPlan] = []
-        self._step_fns: list = []
-        self._runs: list = []  # per kind: run(use_fused), the policy step alone
-        for k in range(len(policy.tick_kinds)):
-            self.plans.append(self._plan(policy, k, fused, ring, device, use_graph))
-        self.plan = self.plans[0]
-        self.step_fn = self._step_fns[0]  # the first kind's step, without IO
+    def prepare_plans(self, fused) -> PlanSet:
+        """Plans with the compiled step `fused` over this session's buffers, captured without
+        running anything (Late fusing, latefuse.py: another thread may be stepping this
+        session meanwhile). The compiled step must already have run once for these shapes, on
+        a session built like this one, so that capture finds it compiled and its lazy state
+        made. Served only once use_plans() swaps them in."""
+        plans = self._make_plans(fused, loaded_only=True)
+        for plan in plans.plans:
+            with self._capture_lock:
+                plan.capture_only()
+        return plans
 
-    def _check_fused(self, policy: Policy, keep: list[torch.Tensor]) -> str:
-        """fusecheck.check_fused over this session's buffers; `keep` are put back after."""
+    def _check_fused(self, policy: Policy, runs: list) -> str:
+        """fusecheck.check_fused over this session's buffers, which are put back after."""
         outputs = {**self.views, "action": self.action, "chunk": self.chunk}
+        keep = self._protect
         saved = [t.clone() for t in keep]
         try:
             return fusecheck.check_fused(
                 policy.tick_kind,
-                lambda kind, use_fused: self._runs[kind](use_fused),
+                lambda kind, use_fused: runs[kind](use_fused),
                 lambda: self.views["step"].add_(1),
                 self.tick_names,
                 self.inputs.dev,
@@ -195,9 +236,13 @@ class Session:
                 for t, s in zip(keep, saved, strict=True):
                     t.copy_(s)
 
-    def _plan(self, policy: Policy, kind: int, fused, ring, device, use_graph) -> StepPlan:
+    def _plan(
+        self, policy: Policy, kind: int, fused, loaded_only: bool = False
+    ) -> tuple[StepPlan, Callable, Callable]:
         """The StepPlan of one tick kind: its step function over the static buffers and, with a
-        graph, the uploads of the inputs it reads and the output downloads around it."""
+        graph, the uploads of the inputs it reads and the output downloads around it; with
+        the step function without IO and run(use_fused), the policy step alone."""
+        ring, device, use_graph = self._ring, self._device, self._use_graph
         views, action, chunk = self.views, self.action, self.chunk
         buf, table = self.arena.buf, self.table
         names = self.tick_names[kind]
@@ -212,7 +257,7 @@ class Session:
         step = views["step"]
         args = (policy, buf, obs, action, chunk, table, ring, kind, conv)
         if isinstance(fused, PrecompiledSteps):  # its check step writes the ring (args[6])
-            fused = fused.step(arena_step, args, fused_step, keep=(6,))
+            fused = fused.step(arena_step, args, fused_step, keep=(6,), loaded_only=loaded_only)
 
         def step_fn() -> None:
             if own_ring is not None:
@@ -241,8 +286,6 @@ class Session:
             # (pytorch/pytorch#198101; docs/design.md, "Checking the fused step").
             step.add_(1)
 
-        self._step_fns.append(step_fn)
-        self._runs.append(run)
         plan = StepPlan(step_fn, device, use_graph, default_device=fused is None)
         if plan.use_graph:
             host = {n: self.inputs.host[n] for n in names}
@@ -268,7 +311,7 @@ class Session:
                 copy_io(host_chunk, chunk)
 
             plan.fn = io_step_fn
-        return plan
+        return plan, step_fn, run
 
     def conversions(self, names: tuple[str, ...]) -> tuple:
         """inputs.policy_inputs' rows for these inputs: vectors as they are, images by their

@@ -1,0 +1,114 @@
+"""Late fusing: serve the eager kernels from the first tick, swap the compiled step in later.
+
+Loading the compiled (fused) step is most of a warm start: dynamo traces the step again and
+inductor loads its kernels, seconds where a captured graph of the eager kernels takes a few
+hundred milliseconds (README, "Benchmarks"). With late fusing the Engine builds every session
+over the eager kernels, captured as usual, and serves them at once, while a thread of its own
+builds the compiled step:
+
+1. it builds a probe session (or two: with and without a flight ring, which compile apart) with
+   the compiled step, on its own arena: this compiles or loads the step, checks it against the
+   eager step (fusecheck.py) and warms it up, as a fused Engine does for its first session;
+2. it captures the compiled step over each live session's buffers without running anything
+   (Session.prepare_plans): another thread may be stepping them meanwhile;
+3. the thread that steps swaps all of them in at the next commit boundary (Engine._tick), with
+   a few pointer assignments. Sessions made after that are built fused.
+
+On CUDA all of the thread's device work runs on a stream of its own, and every capture is
+thread-local and holds the Engine's capture lock, so the two threads' captures never overlap.
+If the check finds the compiled step different, or building it fails, nothing is swapped: the
+eager kernels stay in service, and `why_not` says why.
+
+What it costs: the thread shares the GIL and the device with the control loop while it works,
+so ticks in those seconds can come late; and a state stepped before the swap continues after
+it with the fused kernels, whose floats may differ from the eager ones by reassociation (the
+check's tolerance), so a capsule taken before the swap and restored after it continues within
+that tolerance, not bit for bit. Capsules taken after the swap continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from flashrt_ros.runtime.session import PlanSet, Session
+
+log = logging.getLogger(__name__)
+
+
+class LateFuse:
+    """One background build of the compiled step for an Engine's sessions.
+
+    `probe(ticks, check)` builds a fused session on an arena of its own with a flight ring of
+    `ticks` states, checked against the eager step when `check`; `sessions()` lists the live
+    sessions."""
+
+    def __init__(
+        self,
+        probe: Callable[[int, bool], Session],
+        sessions: Callable[[], list[Session]],
+        flight_ticks: int,
+        device: torch.device,
+    ):
+        self._probe, self._sessions = probe, sessions
+        self.fused = None  # the compiled step, as Session.prepare_plans takes it
+        # the ring sizes the sessions have (user sessions flight_ticks, internal ones none),
+        # the first one checked: the live session's
+        self._ticks = [flight_ticks] + ([0] if flight_ticks else [])
+        self._device = torch.device(device)
+        self.prepared: dict[str, tuple[Session, PlanSet]] = {}
+        self.ready = False  # built and checked: the plans can be swapped in
+        self.why_not = ""  # why nothing will be swapped in ("" while building or when ready)
+        self.mismatch = ""  # the check's finding, when it found the fused step different
+        self.done = threading.Event()  # ready, or given up
+        self.started = time.monotonic()
+        self.built_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="flashrt-fuse", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the build ended (ready or given up); False on timeout."""
+        return self.done.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            cuda = self._device.type == "cuda"
+            stream = torch.cuda.Stream(self._device) if cuda else None
+            where = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
+            with where, torch.no_grad():
+                self._build()
+                if cuda:
+                    stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - the eager kernels stay in service
+            self.why_not = f"building it failed: {type(e).__name__}: {e}".splitlines()[0][:400]
+            log.exception("the compiled step was not built in the background; serving eager")
+        self.built_s = time.monotonic() - self.started
+        self.done.set()
+
+    def _build(self) -> None:
+        for i, ticks in enumerate(self._ticks):  # warms each compiled variant up
+            probe = self._probe(ticks, i == 0)
+            self.fused = probe.fused_fn
+            if probe.fused_mismatch:
+                self.mismatch = probe.fused_mismatch
+                self.why_not = f"the fused step differed: {probe.fused_mismatch}"
+                return
+            del probe
+        for s in self._sessions():
+            self.prepared[s.name] = (s, s.prepare_plans(self.fused))
+        self.ready = True
+
+    def plans_for(self, s: Session) -> PlanSet:
+        """The prepared plans of a live session; captured now (capture only, on the calling
+        thread) for a session made after the thread listed them."""
+        got = self.prepared.get(s.name)
+        if got is not None and got[0] is s:
+            return got[1]
+        return s.prepare_plans(self.fused)

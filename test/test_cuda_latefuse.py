@@ -1,0 +1,68 @@
+"""Late fusing on CUDA (runtime/latefuse.py), on the GPU machine:
+
+    FLASHRT_REQUIRE_CUDA=1 python3 -m pytest -q -m cuda test/test_cuda_latefuse.py
+
+The build thread compiles, checks and warms the fused step on a stream of its own and captures
+it over the live sessions' buffers (thread-local capture) while this thread keeps stepping the
+eager graphs; the swap comes between two steps. test_latefuse.py covers the same on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from flashrt_ros import Engine, load_policy
+
+pytestmark = pytest.mark.cuda
+
+OBS = np.random.default_rng(11).normal(size=(64, 12)).astype(np.float32)
+
+
+@pytest.mark.parametrize("precompiled", [False, True], ids=["torch-compile", "precompiled"])
+def test_the_fused_graphs_are_captured_beside_the_stepping_loop_and_swapped_in(
+    precompiled, tmp_path
+):
+    cache = tmp_path / "cc" if precompiled else None
+
+    def make(**kw) -> Engine:
+        pol = load_policy("builtin:hybrid")
+        return Engine(pol, device="cuda", seed=1, flight_ticks=16, compile_cache_dir=cache, **kw)
+
+    eng, ref = make(fuse=True, late_fuse=True), make(fuse=False)
+    assert eng.fusing and not eng.fused and eng.session("main").captured
+    assert (eng.precompiled is not None) == precompiled
+    n = before = 0
+    t_end = time.monotonic() + 300
+    while eng.fusing and time.monotonic() < t_end:
+        o = OBS[n % len(OBS)]
+        was_fused = eng.fused
+        a, b = eng.step(o), ref.step(o)
+        if not was_fused and not eng.fused:  # the eager graph: bit for bit the unfused engine
+            np.testing.assert_array_equal(a, b)
+            before += 1
+        if n == 3:  # a session made while the build runs
+            eng.branch(eng.checkpoint().id, session="alt")
+        n += 1
+    assert eng.fused, eng.late_fuse
+    assert before > 4 and f"from step {before} of main" in eng.late_fuse, (before, eng.late_fuse)
+    for name in ("main", "alt"):
+        s = eng.session(name)
+        assert s.fused and s.captured, name
+    # what is served now is the fused engine's captured step, bit for bit, on both sessions
+    fused = make(fuse=True)
+    assert fused.fused
+    for name in ("main", "alt"):
+        cap = eng.checkpoint(session=name)
+        got = fused.load_capsule(eng.save_capsule(cap.id, tmp_path / f"{name}.fcap"))
+        if name == "main":
+            fused.restore(got.id)
+        else:
+            fused.branch(got.id, session="alt")
+        for o in OBS[:32]:
+            np.testing.assert_array_equal(eng.step(o, name), fused.step(o, name))
+    # the flight ring kept recording through the swap
+    held = eng.flight()
+    assert held == list(range(held[0], eng.session_step() + 1)) and len(held) == 16

@@ -1,0 +1,140 @@
+"""Late fusing (runtime/latefuse.py): the eager kernels serve from the first step, the fused
+step is built, checked and swapped in between two steps, and nothing else changes.
+
+These tests compile the tiny policy with inductor's C++ backend (seconds on 2 cores; the
+compiled variants are shared by every engine of the process). The CUDA path, where the swapped
+plans are captured graphs, is test_cuda_latefuse.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from flashrt_ros import Engine
+from flashrt_ros.errors import BadRequest
+from flashrt_ros.runtime import session
+from test.tiny_policy import tiny
+
+OBS = np.random.default_rng(7).normal(size=(40, 12)).astype(np.float32)
+
+
+def engine(**kw) -> Engine:
+    return Engine(tiny(), device="cpu", seed=3, flight_ticks=8, **kw)
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Holds the background build until set, so a test knows which steps ran before it."""
+    ev = threading.Event()
+    real = Engine._fused_probe
+
+    def probe(self, ticks, check):
+        assert ev.wait(120), "the test never opened the gate"
+        return real(self, ticks, check)
+
+    monkeypatch.setattr(Engine, "_fused_probe", probe)
+    yield ev
+    ev.set()
+
+
+def test_eager_from_the_first_step_then_the_fused_step_for_every_session(gate, tmp_path):
+    """Before the swap every step is the eager step, bit for bit; a branch made meanwhile is
+    swapped too; after it, the sessions step exactly as a fused engine does from the same
+    capsule, and the flight recorder holds the steps across the swap."""
+    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    assert eng.fusing and not eng.fused and eng.late_fuse == ""
+    for o in OBS[:5]:
+        np.testing.assert_array_equal(eng.step(o), ref.step(o))
+    eng.branch(eng.checkpoint().id, session="alt")  # made while the build waits
+    assert not eng.session("alt").fused
+    assert not eng.finish_fusing(timeout=0.05)  # still building: nothing swapped
+    assert eng.fusing and not eng.fused
+    gate.set()
+    assert eng.finish_fusing(timeout=120), eng.late_fuse
+    assert not eng.fusing and eng.fused and eng.session("alt").fused
+    assert eng.late_fuse.startswith("fused step in service from step 5 of main"), eng.late_fuse
+    assert eng.create_session("later").fused  # built fused from now on
+    at5 = eng.state_bytes()
+    for o in OBS[5:8]:
+        eng.step(o)
+    assert eng.flight() == list(range(1, 9))  # the ring kept recording through the swap
+    assert eng.rewind(3) == 5 and eng.state_bytes() == at5
+    fused = engine(fuse=True)
+    assert fused.fused
+    cap = eng.checkpoint()
+    fused.restore(fused.load_capsule(eng.save_capsule(cap.id, tmp_path / "c.fcap")).id)
+    for o in OBS[8:20]:
+        np.testing.assert_array_equal(eng.step(o), fused.step(o))
+    alt = eng.checkpoint(session="alt")  # the branch made before the swap steps fused too
+    fused.branch(fused.load_capsule(eng.save_capsule(alt.id, tmp_path / "a.fcap")).id, "alt")
+    for o in OBS[20:30]:
+        np.testing.assert_array_equal(eng.step(o, "alt"), fused.step(o, "alt"))
+
+
+def test_a_thread_steps_throughout_and_the_swap_happens_between_two_of_its_steps():
+    """No gate: the build runs beside a stepping loop. Every step before the swap is the eager
+    step; the swap comes at a step boundary, seen by the same loop."""
+    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    n, before = 0, 0
+    while eng.fusing and n < 200_000:
+        o = OBS[n % len(OBS)]
+        was_fused = eng.fused
+        a = eng.step(o)
+        b = ref.step(o)
+        if not was_fused and not eng.fused:
+            np.testing.assert_array_equal(a, b)
+            before += 1
+        n += 1
+    assert not eng.fusing and eng.fused, eng.late_fuse
+    assert before > 0 and f"from step {before} of main" in eng.late_fuse, (before, eng.late_fuse)
+    assert np.isfinite(eng.step(OBS[0])).all()
+
+
+def test_a_fused_step_that_differs_is_never_swapped_in(monkeypatch):
+    """The check runs in the build thread too: the eager kernels stay, for later sessions as
+    well, and the engine says why."""
+
+    def wrong_fused_step():
+        def step(*args) -> None:
+            session.arena_step(*args)
+            args[3].add_(0.5)  # the action buffer
+
+        return step
+
+    monkeypatch.setattr(session, "fused_step", wrong_fused_step)
+    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    assert not eng.finish_fusing(timeout=60)
+    assert not eng.fusing and not eng.fused
+    assert eng.fused_mismatch.startswith("tick kind 0 at step 0: 'action': max difference 0.5")
+    assert eng.late_fuse.startswith("eager kernels kept: the fused step differed"), eng.late_fuse
+    for o in OBS[:6]:
+        np.testing.assert_array_equal(eng.step(o), ref.step(o))
+    assert not eng.create_session("b").fused
+
+
+def test_a_build_that_fails_keeps_the_eager_kernels(monkeypatch):
+    def broken_fused_step():
+        def step(*args) -> None:
+            raise RuntimeError("inductor fell over")
+
+        return step
+
+    monkeypatch.setattr(session, "fused_step", broken_fused_step)
+    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    assert not eng.finish_fusing(timeout=60)
+    said = "eager kernels kept: building it failed: RuntimeError: inductor fell over"
+    assert eng.late_fuse == said
+    assert eng.fused_mismatch == ""
+    for o in OBS[:4]:
+        np.testing.assert_array_equal(eng.step(o), ref.step(o))
+
+
+def test_late_fuse_is_checked_and_means_nothing_without_a_fused_step():
+    with pytest.raises(BadRequest, match="late_fuse"):
+        engine(fuse=True, late_fuse="yes")
+    eng = engine(fuse=False, late_fuse=True)
+    assert not eng.fusing and not eng.fused and eng.late_fuse == ""
+    assert not eng.finish_fusing(timeout=0)

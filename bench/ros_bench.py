@@ -1088,7 +1088,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
 
     def on_diag(msg) -> None:
         for st in msg.status:
-            if st.name.startswith("flashrt"):
+            if "flashrt" in st.name:  # "/flashrt: ..." (the node's fully qualified name)
                 kernels.append((time.monotonic(), {kv.key: kv.value for kv in st.values}))
 
     dsub = ros.node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)

@@ -74,10 +74,17 @@ def test_eager_from_the_first_step_then_the_fused_step_for_every_session(gate, t
         np.testing.assert_array_equal(eng.step(o, "alt"), fused.step(o, "alt"))
 
 
-def test_a_thread_steps_throughout_and_the_swap_happens_between_two_of_its_steps():
+@pytest.mark.parametrize("precompiled", [False, True], ids=["torch-compile", "precompiled"])
+def test_a_loop_steps_throughout_and_the_swap_happens_between_two_of_its_steps(
+    precompiled, tmp_path
+):
     """No gate: the build runs beside a stepping loop. Every step before the swap is the eager
-    step; the swap comes at a step boundary, seen by the same loop."""
-    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    step; the swap comes at a step boundary, seen by the same loop. With a compile cache the
+    build compiles the step ahead of time and saves it, as the node does."""
+    cache = tmp_path / "cc" if precompiled else None
+    eng = engine(fuse=True, late_fuse=True, compile_cache_dir=cache)
+    ref = engine(fuse=False)
+    assert (eng.precompiled is not None) == precompiled
     n, before = 0, 0
     while eng.fusing and n < 200_000:
         o = OBS[n % len(OBS)]
@@ -91,6 +98,8 @@ def test_a_thread_steps_throughout_and_the_swap_happens_between_two_of_its_steps
     assert not eng.fusing and eng.fused, eng.late_fuse
     assert before > 0 and f"from step {before} of main" in eng.late_fuse, (before, eng.late_fuse)
     assert np.isfinite(eng.step(OBS[0])).all()
+    if precompiled:
+        assert [": compiled in " in e for e in eng.precompiled.events] == [True, True]
 
 
 def test_a_fused_step_that_differs_is_never_swapped_in(monkeypatch):

@@ -66,6 +66,7 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert int(d["stale_ticks"]) > 50 and float(d["stale_s"]) > 0.5
     assert float(d["step_p50_us"]) > 0 and "jitter_p99_us" in d and "overruns" in d
     assert {"last_overrun", "overruns_late_wake", "overruns_long_tick"} <= set(d)
+    assert d["kernels"] == "eager" and d["late_fuse"] == ""  # nothing compiled on the CPU
     assert resumed(c, held)  # fresh again: commands resume
 
 

@@ -102,6 +102,7 @@ class FlashrtNode(LifecycleNode):
         self._js_taken = 0  # valid joint_states so far (frame steps count them)
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
         self._switch_s: float | None = None  # the GIL's switch interval before late_fuse
+        self._late_watch = False  # late fusing began and its end was not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
@@ -176,6 +177,7 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
+        self._late_watch = engine.fusing  # diagnostic_array says when it ended
         if engine.fusing:  # the build thread and the control loop share the GIL: swap often
             self._switch_s = sys.getswitchinterval()
             sys.setswitchinterval(min(self._switch_s, LATE_FUSE_SWITCH_S))
@@ -293,6 +295,7 @@ class FlashrtNode(LifecycleNode):
 
     def _late_fuse_ended(self, engine: Engine) -> None:
         """Say what came of late fusing; the GIL's switch interval goes back."""
+        self._late_watch = False
         if self._switch_s is not None:
             sys.setswitchinterval(self._switch_s)
             self._switch_s = None
@@ -452,6 +455,7 @@ class FlashrtNode(LifecycleNode):
             fused = self.engine is not None and self.engine.fuse
             if fused and self.engine.fusing:  # its thread compiles with the old policy
                 self.engine.finish_fusing(timeout=FUSE_WAIT_S)
+            if self._late_watch:
                 self._late_fuse_ended(self.engine)
             self.engine = None
         if fused:  # drop compiled code that holds the old policy's weights
@@ -747,8 +751,8 @@ class FlashrtNode(LifecycleNode):
                 kv["device"] = str(eng.device)
                 if eng.fusing:  # a commit boundary: a fused step built by now is swapped in
                     eng.finish_fusing(timeout=0)
-                    if not eng.fusing:
-                        self._late_fuse_ended(eng)
+                if self._late_watch and not eng.fusing:  # swapped here or at a tick
+                    self._late_fuse_ended(eng)
                 kv["kernels"] = self._kernels(eng)
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)
                 kv.update(self.flight.diagnostics(eng, live))

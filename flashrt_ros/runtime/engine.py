@@ -232,9 +232,6 @@ class Engine:
         # first session checks it against the eager step (fusecheck.py).
         self.fused_mismatch = ""
         self._capture_lock = threading.Lock()  # captures one at a time, in whichever thread
-        # late fusing: sessions start on the eager kernels, the fused step comes later
-        late = late_fuse and self._fuse_step
-        self._fuse_step = self._fuse_step and not late
         self._late: LateFuse | None = None
         self.late_fuse = ""  # what became of late fusing, once it ended ("" before, or never)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
@@ -259,6 +256,9 @@ class Engine:
                 )
             else:
                 self.precompiled = PrecompiledSteps(self.compile_cache, key)
+        # late fusing: sessions start on the eager kernels, the fused step comes later
+        late = late_fuse and self._fuse_step
+        self._fuse_step = self._fuse_step and not late
         self.build_s: dict[str, float] = {}  # phase -> seconds, for the node's start-up log
         t_build = time.perf_counter()
         try:

@@ -25,6 +25,9 @@ OBS = np.random.default_rng(11).normal(size=(64, 12)).astype(np.float32)
 def test_the_fused_graphs_are_captured_beside_the_stepping_loop_and_swapped_in(
     precompiled, tmp_path
 ):
+    """Eager graphs bit for bit until the swap, with a checkpoint and a restore during the
+    build (their copy graphs, met for the first time while the build holds the capture lock,
+    are issued directly); then every session steps as a fused engine's do, bit for bit."""
     cache = tmp_path / "cc" if precompiled else None
 
     def make(**kw) -> Engine:
@@ -35,6 +38,7 @@ def test_the_fused_graphs_are_captured_beside_the_stepping_loop_and_swapped_in(
     assert eng.fusing and not eng.fused and eng.session("main").captured
     assert (eng.precompiled is not None) == precompiled
     n = before = 0
+    caps: dict[str, str] = {}
     t_end = time.monotonic() + 300
     while eng.fusing and time.monotonic() < t_end:
         o = OBS[n % len(OBS)]
@@ -43,14 +47,20 @@ def test_the_fused_graphs_are_captured_beside_the_stepping_loop_and_swapped_in(
         if not was_fused and not eng.fused:  # the eager graph: bit for bit the unfused engine
             np.testing.assert_array_equal(a, b)
             before += 1
-        if n == 3:  # a session made while the build runs
-            eng.branch(eng.checkpoint().id, session="alt")
+            if before == 3:
+                caps = {"eng": eng.checkpoint().id, "ref": ref.checkpoint().id}
+            if before == 6:  # both back to step 3
+                eng.restore(caps["eng"])
+                ref.restore(caps["ref"])
+                assert eng.state_bytes() == ref.state_bytes()
         n += 1
     assert eng.fused, eng.late_fuse
-    assert before > 4 and f"from step {before} of main" in eng.late_fuse, (before, eng.late_fuse)
-    for name in ("main", "alt"):
-        s = eng.session(name)
-        assert s.fused and s.captured, name
+    assert before > 6 and "of main, built in the background" in eng.late_fuse, eng.late_fuse
+    assert eng.session("main").fused and eng.session("main").captured
+    a, b = eng.step(OBS[0]), ref.step(OBS[0])
+    assert not np.array_equal(a, b) and np.allclose(a, b, rtol=0, atol=1e-4)  # fused kernels
+    eng.branch(eng.checkpoint().id, session="alt")  # a session after the swap: fused too
+    assert eng.session("alt").fused and eng.session("alt").captured
     # what is served now is the fused engine's captured step, bit for bit, on both sessions
     fused = make(fuse=True)
     assert fused.fused

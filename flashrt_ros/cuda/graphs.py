@@ -32,6 +32,14 @@ _cache: OrderedDict[tuple, object] = OrderedDict()  # key -> CUgraphExec, least 
 _capture_streams: dict[tuple[int, int], object] = {}
 _lock = threading.Lock()
 _ok = drv is not None
+# Held around every graph capture of this process (ours here, StepPlan's, a late-fusing build's
+# whole run): a capture fails when another thread syncs the whole device meanwhile, which
+# compiling does (runtime/latefuse.py). Captures here do not wait for it (see _Busy).
+CAPTURE_LOCK = threading.RLock()
+
+
+class _Busy(Exception):
+    """Another thread holds CAPTURE_LOCK: issue this work directly, capture it another time."""
 
 
 def available() -> bool:
@@ -43,7 +51,8 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
     """Launch the graph of `fn(stream)` (driver calls on that stream, no allocation) on the
     current torch stream of device `index`; the first call for a key captures it. Returns
     False, having done nothing, where graphs are unavailable: the caller issues the work
-    itself. Inside a foreign capture `fn` is issued directly on the capturing stream."""
+    itself (also while another thread holds CAPTURE_LOCK: the key is captured on a later
+    call). Inside a foreign capture `fn` is issued directly on the capturing stream."""
     if not _ok:
         return False
     if torch.cuda.is_current_stream_capturing():
@@ -54,6 +63,8 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
     if exe is None:
         try:
             exe = _capture(fn, index)
+        except _Busy:
+            return False
         except Exception as e:  # a driver or binding problem: say so once, stop using graphs
             _disable(e)
             return False
@@ -69,13 +80,16 @@ def run(key: tuple, fn: Callable[[object], None], index: int) -> bool:
 
 def owned(fn: Callable[[object], None], index: int):
     """The graph of `fn(stream)` for a caller that keeps it with the buffers it names and
-    frees it with them (`release`); None where graphs are unavailable. Not cached by address:
+    frees it with them (`release`); None where graphs are unavailable (or, for now, while
+    another thread holds CAPTURE_LOCK). Not cached by address:
     a graph whose buffers were freed crashed the driver when launched for new buffers that got
     the same addresses (a graph holding a copy into pinned memory, on the H200 machine)."""
     if not _ok:
         return None
     try:
         return _capture(fn, index)
+    except _Busy:
+        return None
     except Exception as e:
         _disable(e)
         return None
@@ -112,6 +126,15 @@ def _evict_oldest(index: int) -> None:
 
 
 def _capture(fn: Callable[[object], None], index: int):
+    if not CAPTURE_LOCK.acquire(blocking=False):  # a copy or checksum never waits for a build
+        raise _Busy
+    try:
+        return _capture_held(fn, index)
+    finally:
+        CAPTURE_LOCK.release()
+
+
+def _capture_held(fn: Callable[[object], None], index: int):
     ensure_context(index)
     sk = (index, threading.get_ident())  # one capture stream per thread: captures don't mix
     s = _capture_streams.get(sk)

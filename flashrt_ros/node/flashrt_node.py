@@ -264,7 +264,7 @@ class FlashrtNode(LifecycleNode):
             + f"; compile cache {engine.compile_cache or 'torch default'}"
             + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
         )
-        if engine.precompiled is not None:
+        if engine.precompiled is not None and not engine.fusing:
             self.get_logger().info(
                 f"precompiled steps in {engine.precompiled.folder}: "
                 + "; ".join(engine.precompiled.events)
@@ -301,10 +301,19 @@ class FlashrtNode(LifecycleNode):
             self._switch_s = None
         if engine.fusing:
             self.get_logger().warning("late_fuse: the fused step was still building; left")
-        elif engine.fused:
+            return
+        if engine.fused:
             self.get_logger().info(f"late_fuse: {engine.late_fuse}")
         else:
             self.get_logger().error(f"late_fuse: {engine.late_fuse}")
+        if engine.precompiled is not None and not engine.fusing:
+            self.get_logger().info(
+                f"precompiled steps in {engine.precompiled.folder}: "
+                + "; ".join(engine.precompiled.events)
+            )
+        # what the build made lives as long as the node, like what configure froze: keep the
+        # collector's full passes off it
+        gc.freeze()
 
     @staticmethod
     def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
@@ -453,12 +462,21 @@ class FlashrtNode(LifecycleNode):
         self.flight.settle()  # an automatic dump asked for takes its copy before the engine goes
         with self.engine_lock:
             fused = self.engine is not None and self.engine.fuse
-            if fused and self.engine.fusing:  # its thread compiles with the old policy
-                self.engine.finish_fusing(timeout=FUSE_WAIT_S)
+            building = fused and self.engine.fusing
+            if building:  # its thread compiles with the old policy: stop it, wait for it
+                self.engine.cancel_fusing()
+                building = not self.engine.finish_fusing(timeout=FUSE_WAIT_S) and (
+                    self.engine.fusing
+                )
             if self._late_watch:
                 self._late_fuse_ended(self.engine)
             self.engine = None
-        if fused:  # drop compiled code that holds the old policy's weights
+        if building:  # resetting dynamo under a compile in flight is not safe: leave it
+            self.get_logger().warning(
+                f"late_fuse: the build thread did not end in {FUSE_WAIT_S:g} s; compiled code "
+                "of the old policy stays in memory"
+            )
+        elif fused:  # drop compiled code that holds the old policy's weights
             torch._dynamo.reset()
         gc.unfreeze()  # what configure froze may be garbage now
         if torch.cuda.is_available():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -231,7 +230,6 @@ class Engine:
         # Why the compiled step is not served ("" while it is, or was never asked for): the
         # first session checks it against the eager step (fusecheck.py).
         self.fused_mismatch = ""
-        self._capture_lock = threading.Lock()  # captures one at a time, in whichever thread
         self._late: LateFuse | None = None
         self.late_fuse = ""  # what became of late fusing, once it ended ("" before, or never)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
@@ -354,7 +352,11 @@ class Engine:
         return self._new_session(name)
 
     def _new_session(self, name: str) -> Session:
-        self._end_late_fuse()  # a commit boundary: a fused step ready is swapped in first
+        # A new session waits for a late-fusing build (its capture could not overlap the
+        # build's device syncs: latefuse.py) and is then built fused, like the others.
+        if self._late is not None:
+            self._late.wait()
+            self._end_late_fuse()
         ticks = 0 if name.startswith("_") else self.flight_ticks  # no ring for internal sessions
         s = Session(
             name,
@@ -368,7 +370,6 @@ class Engine:
             self.encodings,
             self.precompiled,
             check_fused=self._fuse_step and not self._sessions,  # the first session
-            capture_lock=self._capture_lock,
         )
         if s.fused_mismatch:  # every later session is built unfused too
             self._fuse_step, self.fused_mismatch = False, s.fused_mismatch
@@ -416,6 +417,11 @@ class Engine:
         self._end_late_fuse()
         return self.fused
 
+    def cancel_fusing(self) -> None:
+        """Ask a late-fusing build to stop at its next phase (before a cleanup)."""
+        if self._late is not None:
+            self._late.cancel()
+
     def _fused_probe(self, ticks: int, check: bool) -> Session:
         """A fused session on an arena of its own, for LateFuse: compiled, checked, warmed up."""
         return Session(
@@ -430,7 +436,6 @@ class Engine:
             self.encodings,
             self.precompiled,
             check_fused=check,
-            capture_lock=self._capture_lock,
         )
 
     def _end_late_fuse(self) -> None:
@@ -440,9 +445,13 @@ class Engine:
         if late is None or not late.done.is_set():
             return
         self._late = None
+        sessions = list(self._sessions.values())
+        missing = [s.name for s in sessions if late.prepared.get(s.name, (None,))[0] is not s]
+        if late.ready and missing:  # cannot happen (_new_session waits): say so, stay eager
+            late.ready, late.why_not = False, f"sessions {missing} were not prepared"
         if late.ready:
-            for s in list(self._sessions.values()):
-                s.use_plans(late.plans_for(s))
+            for s in sessions:  # every plan set was made and captured: only assignments here
+                s.use_plans(late.prepared[s.name][1])
             self._fuse_step = True  # later sessions are built fused
             main = self._sessions["main"]
             self.late_fuse = (

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from flashrt_ros.cuda.driver import check, drv, stream
+from flashrt_ros.cuda.graphs import CAPTURE_LOCK
 
 
 class StepPlan:
@@ -47,6 +48,10 @@ class StepPlan:
         """
         if not self.use_graph:
             return
+        with CAPTURE_LOCK:
+            self._warm_and_capture(protect, warmup)
+
+    def _warm_and_capture(self, protect: list[torch.Tensor], warmup: int) -> None:
         saved = [t.clone() for t in protect]
         cur = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
@@ -69,12 +74,15 @@ class StepPlan:
         their handles made) by an earlier run on buffers of the same shapes."""
         if not self.use_graph:
             return
-        self.graph, self._upload = self._record(), None
+        with CAPTURE_LOCK:
+            self.graph, self._upload = self._record(), None
 
     def _record(self) -> torch.cuda.CUDAGraph:
         """The captured graph of one call of fn. Thread-local capture: only this thread's
         unsafe calls end it, so another thread may keep stepping, copying and waiting on
-        other streams meanwhile (a step built in the background, latefuse.py)."""
+        events meanwhile (a step built in the background, latefuse.py). A device-wide sync
+        in another thread would still end it: every capture holds CAPTURE_LOCK, which a
+        late-fusing build holds throughout."""
         where = self.device if self.default_device else contextlib.nullcontext()
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), where, torch.cuda.graph(graph, capture_error_mode="thread_local"):

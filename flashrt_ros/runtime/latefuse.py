@@ -14,8 +14,13 @@ builds the compiled step:
 3. the thread that steps swaps all of them in at the next commit boundary (Engine._tick), with
    a few pointer assignments. Sessions made after that are built fused.
 
-On CUDA all of the thread's device work runs on a stream of its own, and every capture is
-thread-local and holds the Engine's capture lock, so the two threads' captures never overlap.
+On CUDA all of the thread's device work runs on a stream of its own. Every capture is
+thread-local, yet a device-wide sync in another thread still ends it, and compiling syncs the
+device (inductor's benchmarks): so the thread holds the process's CAPTURE_LOCK
+(cuda/graphs.py) for its whole run, every other capture takes it too, a new session waits for
+the build (Engine._new_session), and a copy or checksum graph met for the first time meanwhile
+is issued directly instead of captured. The loop's replays, event waits and copies are safe
+beside the thread's captures.
 If the check finds the compiled step different, or building it fails, nothing is swapped: the
 eager kernels stay in service, and `why_not` says why.
 
@@ -36,6 +41,7 @@ from collections.abc import Callable
 
 import torch
 
+from flashrt_ros.cuda.graphs import CAPTURE_LOCK
 from flashrt_ros.runtime.session import PlanSet, Session
 
 log = logging.getLogger(__name__)
@@ -56,16 +62,22 @@ class LateFuse:
         device: torch.device,
     ):
         self._probe, self._sessions = probe, sessions
-        self.fused = None  # the compiled step, as Session.prepare_plans takes it
-        # the ring sizes the sessions have (user sessions flight_ticks, internal ones none),
-        # the first one checked: the live session's
-        self._ticks = [flight_ticks] + ([0] if flight_ticks else [])
         self._device = torch.device(device)
+        # The compiled variants the sessions need: user sessions have a ring of flight_ticks,
+        # internal ones none. On the CPU the ring is an argument of the compiled step, so each
+        # size is a variant (the live one first: it is the one checked). On CUDA the ring is
+        # written by its own kernel outside the compiled step, so a 2-state ring builds the
+        # same variant without a second copy of a large ring.
+        cuda = self._device.type == "cuda"
+        live = min(flight_ticks, 2) if cuda else flight_ticks
+        self._ticks = [live] + ([0] if flight_ticks and not cuda else [])
+        self.fused = None  # the compiled step, as Session.prepare_plans takes it
         self.prepared: dict[str, tuple[Session, PlanSet]] = {}
         self.ready = False  # built and checked: the plans can be swapped in
         self.why_not = ""  # why nothing will be swapped in ("" while building or when ready)
         self.mismatch = ""  # the check's finding, when it found the fused step different
         self.done = threading.Event()  # ready, or given up
+        self.cancelled = threading.Event()  # cancel(): stop at the next phase
         self.started = time.monotonic()
         self.built_s = 0.0
         self._thread = threading.Thread(target=self._run, name="flashrt-fuse", daemon=True)
@@ -77,38 +89,45 @@ class LateFuse:
         """Until the build ended (ready or given up); False on timeout."""
         return self.done.wait(timeout)
 
+    def cancel(self) -> None:
+        """Give up at the next phase (a compile under way runs to its end)."""
+        self.cancelled.set()
+
     def _run(self) -> None:
         try:
             cuda = self._device.type == "cuda"
             stream = torch.cuda.Stream(self._device) if cuda else None
             where = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
-            with where, torch.no_grad():
+            with CAPTURE_LOCK, where, torch.no_grad():
                 self._build()
                 if cuda:
                     stream.synchronize()
         except Exception as e:  # noqa: BLE001 - the eager kernels stay in service
+            self.ready = False
             self.why_not = f"building it failed: {type(e).__name__}: {e}".splitlines()[0][:400]
             log.exception("the compiled step was not built in the background; serving eager")
         self.built_s = time.monotonic() - self.started
         self.done.set()
 
     def _build(self) -> None:
-        for i, ticks in enumerate(self._ticks):  # warms each compiled variant up
-            probe = self._probe(ticks, i == 0)
+        for i, ticks in enumerate(self._ticks):
+            if self._cancelled():
+                return
+            probe = self._probe(ticks, i == 0)  # compiled, checked (the first), captured
             self.fused = probe.fused_fn
             if probe.fused_mismatch:
                 self.mismatch = probe.fused_mismatch
                 self.why_not = f"the fused step differed: {probe.fused_mismatch}"
                 return
+            if not probe.plan.use_graph:  # nothing captured: run it once, so it is compiled
+                probe.warm_fused()
             del probe
-        for s in self._sessions():
-            self.prepared[s.name] = (s, s.prepare_plans(self.fused))
-        self.ready = True
+        if self._cancelled():
+            return
+        prepared = {s.name: (s, s.prepare_plans(self.fused)) for s in self._sessions()}
+        self.prepared, self.ready = prepared, True
 
-    def plans_for(self, s: Session) -> PlanSet:
-        """The prepared plans of a live session; captured now (capture only, on the calling
-        thread) for a session made after the thread listed them."""
-        got = self.prepared.get(s.name)
-        if got is not None and got[0] is s:
-            return got[1]
-        return s.prepare_plans(self.fused)
+    def _cancelled(self) -> bool:
+        if self.cancelled.is_set():
+            self.why_not = "cancelled"
+        return self.cancelled.is_set()

@@ -3,7 +3,6 @@ kind of the policy: e.g. a tick that infers and a tick that only pops the action
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,7 +107,6 @@ class Session:
         encodings: dict[str, str] | None = None,
         precompiled: PrecompiledSteps | None = None,
         check_fused: bool = False,
-        capture_lock=None,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
@@ -116,9 +114,7 @@ class Session:
         With `fuse`, `precompiled` (precompiled.py) loads or compiles-and-saves each tick kind's
         fused step ahead of time instead of torch.compile's tracing on first call. With
         `check_fused`, a fused step is first checked against the eager one (fusecheck.py);
-        when they differ, `fused_mismatch` says how and the step is captured unfused.
-        `capture_lock` (a lock) is held around each capture: the Engine's captures, in
-        whichever thread, happen one at a time."""
+        when they differ, `fused_mismatch` says how and the step is captured unfused."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -172,7 +168,6 @@ class Session:
         # every buffer a step writes or reads; the check and the warm-up put them back
         self._protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
         self._policy, self._ring, self._device, self._use_graph = policy, ring, device, use_graph
-        self._capture_lock = capture_lock or contextlib.nullcontext()
         self.fused_mismatch = ""  # why the fused step was not served (check_fused)
         plans = self._make_plans(fused)
         if fused is not None and check_fused:
@@ -182,8 +177,7 @@ class Session:
         # Warm-up writes ring slots too; they hold no listed step (flight() lists steps from
         # `lo` = 0 on, and slot k is listed only once a real step has rewritten it).
         for plan in plans.plans:
-            with self._capture_lock:
-                plan.capture(self._protect)
+            plan.capture(self._protect)
         self.use_plans(plans)
 
     def _make_plans(self, fused, loaded_only: bool = False) -> PlanSet:
@@ -212,9 +206,21 @@ class Session:
         made. Served only once use_plans() swaps them in."""
         plans = self._make_plans(fused, loaded_only=True)
         for plan in plans.plans:
-            with self._capture_lock:
-                plan.capture_only()
+            plan.capture_only()
         return plans
+
+    def warm_fused(self) -> None:
+        """Run each tick kind's step once and put every buffer back: on the CPU, where
+        capture() runs nothing, this compiles the step for these shapes (latefuse.py)."""
+        saved = [t.clone() for t in self._protect]
+        ring = self.flight.words.clone() if self.flight is not None else None
+        with torch.no_grad():
+            for fn in self._step_fns:
+                fn()
+            for t, s in zip(self._protect, saved, strict=True):
+                t.copy_(s)
+            if ring is not None:
+                self.flight.words.copy_(ring)
 
     def _check_fused(self, policy: Policy, runs: list) -> str:
         """fusecheck.check_fused over this session's buffers, which are put back after."""

@@ -34,7 +34,9 @@ def test_the_fused_graphs_are_captured_beside_the_stepping_loop_and_swapped_in(
         pol = load_policy("builtin:hybrid")
         return Engine(pol, device="cuda", seed=1, flight_ticks=16, compile_cache_dir=cache, **kw)
 
-    eng, ref = make(fuse=True, late_fuse=True), make(fuse=False)
+    # ref first: a capture waits for the build, which holds the process's capture lock
+    ref = make(fuse=False)
+    eng = make(fuse=True, late_fuse=True)
     assert eng.fusing and not eng.fused and eng.session("main").captured
     assert (eng.precompiled is not None) == precompiled
     n = before = 0

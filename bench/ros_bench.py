@@ -1191,13 +1191,12 @@ def late_fuse_window(stamps: list[float], diags: list[tuple[float, dict]], rate:
         swap_step=n,
         built_s=built_s,
         swap_s_after_spawn=round(stamps[n] - t0, 2) if n < len(stamps) else None,
-        building=jitter_stats(ns[: n + 1], period),  # the intervals up to the first fused one
-        after=jitter_stats(ns[n : 2 * n + 1], period),
     )
-    for k in ("building", "after"):  # intervals over 2 periods: a command came late
-        part = ns[: n + 1] if k == "building" else ns[n : 2 * n + 1]
+    # the intervals up to the first fused command, and as many after it
+    for k, part in (("building", ns[: n + 1]), ("after", ns[n : 2 * n + 1])):
+        out[k] = jitter_stats(part, period)
         dt = np.diff(np.asarray(part, dtype=np.int64)) * 1e-9
-        out[k]["late_over_2_periods"] = int((dt > 2 * period).sum())
+        out[k]["late_over_2_periods"] = int((dt > 2 * period).sum())  # a command came late
     ov = [int(d["overruns"]) for _, d in diags if d.get("overruns", "").isdigit()]
     out["node_overruns_last"] = ov[-1] if ov else None
     return out

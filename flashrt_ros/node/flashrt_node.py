@@ -101,8 +101,8 @@ class FlashrtNode(LifecycleNode):
         self._stepped_at: tuple[int, ...] = ()
         self._js_taken = 0  # valid joint_states so far (frame steps count them)
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
-        self._switch_s: float | None = None  # the GIL's switch interval before late_fuse
-        self._late_watch = False  # late fusing began and its end was not logged yet
+        # the GIL's switch interval before late fusing; set while its end is not logged yet
+        self._switch_s: float | None = None
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
@@ -177,8 +177,9 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
-        self._late_watch = engine.fusing  # diagnostic_array says when it ended
-        if engine.fusing:  # the build thread and the control loop share the GIL: swap often
+        # late fusing: its thread and the control loop share the GIL, so it changes hands often
+        # until diagnostic_array sees the build end
+        if engine.fusing:
             self._switch_s = sys.getswitchinterval()
             sys.setswitchinterval(min(self._switch_s, LATE_FUSE_SWITCH_S))
         self._pub_cmd = self._pub_traj = None
@@ -264,11 +265,8 @@ class FlashrtNode(LifecycleNode):
             + f"; compile cache {engine.compile_cache or 'torch default'}"
             + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
         )
-        if engine.precompiled is not None and not engine.fusing:
-            self.get_logger().info(
-                f"precompiled steps in {engine.precompiled.folder}: "
-                + "; ".join(engine.precompiled.events)
-            )
+        if not engine.fusing:  # else once the build ends
+            self._log_precompiled(engine)
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.
         gc.collect()
@@ -295,10 +293,8 @@ class FlashrtNode(LifecycleNode):
 
     def _late_fuse_ended(self, engine: Engine) -> None:
         """Say what came of late fusing; the GIL's switch interval goes back."""
-        self._late_watch = False
-        if self._switch_s is not None:
-            sys.setswitchinterval(self._switch_s)
-            self._switch_s = None
+        sys.setswitchinterval(self._switch_s)
+        self._switch_s = None
         if engine.fusing:
             self.get_logger().warning("late_fuse: the fused step was still building; left")
             return
@@ -306,14 +302,17 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().info(f"late_fuse: {engine.late_fuse}")
         else:
             self.get_logger().error(f"late_fuse: {engine.late_fuse}")
-        if engine.precompiled is not None and not engine.fusing:
+        self._log_precompiled(engine)
+        # what the build made lives as long as the node, like what configure froze: keep the
+        # collector's full passes off it
+        gc.freeze()
+
+    def _log_precompiled(self, engine: Engine) -> None:
+        if engine.precompiled is not None:
             self.get_logger().info(
                 f"precompiled steps in {engine.precompiled.folder}: "
                 + "; ".join(engine.precompiled.events)
             )
-        # what the build made lives as long as the node, like what configure froze: keep the
-        # collector's full passes off it
-        gc.freeze()
 
     @staticmethod
     def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
@@ -465,10 +464,9 @@ class FlashrtNode(LifecycleNode):
             building = fused and self.engine.fusing
             if building:  # its thread compiles with the old policy: stop it, wait for it
                 self.engine.cancel_fusing()
-                building = not self.engine.finish_fusing(timeout=FUSE_WAIT_S) and (
-                    self.engine.fusing
-                )
-            if self._late_watch:
+                self.engine.finish_fusing(timeout=FUSE_WAIT_S)
+                building = self.engine.fusing
+            if self._switch_s is not None:
                 self._late_fuse_ended(self.engine)
             self.engine = None
         if building:  # resetting dynamo under a compile in flight is not safe: leave it
@@ -769,7 +767,7 @@ class FlashrtNode(LifecycleNode):
                 kv["device"] = str(eng.device)
                 if eng.fusing:  # a commit boundary: a fused step built by now is swapped in
                     eng.finish_fusing(timeout=0)
-                if self._late_watch and not eng.fusing:  # swapped here or at a tick
+                if self._switch_s is not None and not eng.fusing:  # swapped here or at a tick
                     self._late_fuse_ended(eng)
                 kv["kernels"] = self._kernels(eng)
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)

@@ -445,13 +445,9 @@ class Engine:
         if late is None or not late.done.is_set():
             return
         self._late = None
-        sessions = list(self._sessions.values())
-        missing = [s.name for s in sessions if late.prepared.get(s.name, (None,))[0] is not s]
-        if late.ready and missing:  # cannot happen (_new_session waits): say so, stay eager
-            late.ready, late.why_not = False, f"sessions {missing} were not prepared"
         if late.ready:
-            for s in sessions:  # every plan set was made and captured: only assignments here
-                s.use_plans(late.prepared[s.name][1])
+            for s in self._sessions.values():  # every plan set is made: only assignments here
+                s.use_plans(late.prepared[s.name])
             self._fuse_step = True  # later sessions are built fused
             main = self._sessions["main"]
             self.late_fuse = (

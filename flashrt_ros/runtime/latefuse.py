@@ -72,7 +72,9 @@ class LateFuse:
         live = min(flight_ticks, 2) if cuda else flight_ticks
         self._ticks = [live] + ([0] if flight_ticks and not cuda else [])
         self.fused = None  # the compiled step, as Session.prepare_plans takes it
-        self.prepared: dict[str, tuple[Session, PlanSet]] = {}
+        # per live session (by name) its fused plans: every session there is when the build
+        # ends, since a new one waits for the build (Engine._new_session)
+        self.prepared: dict[str, PlanSet] = {}
         self.ready = False  # built and checked: the plans can be swapped in
         self.why_not = ""  # why nothing will be swapped in ("" while building or when ready)
         self.mismatch = ""  # the check's finding, when it found the fused step different
@@ -124,7 +126,7 @@ class LateFuse:
             del probe
         if self._cancelled():
             return
-        prepared = {s.name: (s, s.prepare_plans(self.fused)) for s in self._sessions()}
+        prepared = {s.name: s.prepare_plans(self.fused) for s in self._sessions()}
         self.prepared, self.ready = prepared, True
 
     def _cancelled(self) -> bool:

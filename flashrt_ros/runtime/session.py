@@ -210,17 +210,12 @@ class Session:
         return plans
 
     def warm_fused(self) -> None:
-        """Run each tick kind's step once and put every buffer back: on the CPU, where
-        capture() runs nothing, this compiles the step for these shapes (latefuse.py)."""
-        saved = [t.clone() for t in self._protect]
-        ring = self.flight.words.clone() if self.flight is not None else None
+        """Run each tick kind's step once, on a probe session that is thrown away after: on
+        the CPU, where capture() runs nothing, this compiles the step for these shapes
+        (latefuse.py)."""
         with torch.no_grad():
             for fn in self._step_fns:
                 fn()
-            for t, s in zip(self._protect, saved, strict=True):
-                t.copy_(s)
-            if ring is not None:
-                self.flight.words.copy_(ring)
 
     def _check_fused(self, policy: Policy, runs: list) -> str:
         """fusecheck.check_fused over this session's buffers, which are put back after."""

@@ -128,12 +128,42 @@ def test_a_loop_steps_throughout_and_the_swap_happens_between_two_of_its_steps(
         assert not np.array_equal(a, b)
 
 
-def test_a_build_can_be_cancelled(gate):
+def _fuse_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "flashrt-fuse"}
+
+
+def test_the_build_begins_once_the_first_step_is_done(gate):
+    """The first command never shares the GIL with a compile: no build thread until the first
+    step is done; a poll (finish_fusing(0), as /diagnostics does) begins nothing."""
+    before = _fuse_threads()
     eng = engine(fuse=True, late_fuse=True)
+    assert eng.fusing and not eng.finish_fusing(timeout=0)
+    eng.step(OBS[0])
+    assert _fuse_threads() == before
+    eng.step(OBS[1])
+    assert len(_fuse_threads() - before) == 1
+    gate.set()
+    assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
+
+
+def test_finish_fusing_begins_a_build_no_step_began():
+    eng = engine(fuse=True, late_fuse=True)
+    assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
+    assert eng.late_fuse.startswith("fused step in service from step 0 of main"), eng.late_fuse
+
+
+@pytest.mark.parametrize("begun", [False, True], ids=["before-the-build", "during-it"])
+def test_a_build_can_be_cancelled(gate, begun):
+    """Cancelled before its thread began or while it runs: the eager kernels go on serving."""
+    eng, ref = engine(fuse=True, late_fuse=True), engine(fuse=False)
+    for o in OBS[: 2 if begun else 0]:  # the second step begins the build, held at the gate
+        np.testing.assert_array_equal(eng.step(o), ref.step(o))
     eng.cancel_fusing()
     gate.set()
     assert not eng.finish_fusing(timeout=60)
     assert eng.late_fuse == "eager kernels kept: cancelled" and not eng.fused
+    for o in OBS[2:6]:
+        np.testing.assert_array_equal(eng.step(o), ref.step(o))
 
 
 def test_a_fused_step_that_differs_is_never_swapped_in(monkeypatch):

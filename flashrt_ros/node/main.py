@@ -61,16 +61,16 @@ class _Interrupts:
         raise KeyboardInterrupt
 
 
-def _check_parameters(argv: Sequence[str]) -> None:
-    """ParamError for bad parameters, found on a throwaway node of the same name (so the same
-    remaps and params-file sections apply) before torch is imported."""
+def _check_parameters(argv: Sequence[str]):
+    """The node's config, or ParamError for bad parameters, found on a throwaway node of the
+    same name (so the same remaps and params-file sections apply) before torch is imported."""
     import rclpy
 
     from flashrt_ros.node.params import NODE_PARAMS
 
     probe = rclpy.create_node("flashrt", enable_rosout=False, start_parameter_services=False)
     try:
-        NODE_PARAMS.check(probe, argv)
+        return NODE_PARAMS.check(probe, argv)
     finally:
         probe.destroy_node()
 
@@ -113,6 +113,7 @@ def main(args: Sequence[str] | None = None) -> int:
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.logging import get_logger
 
+    from flashrt_ros.cuda.prewarm import warm_context
     from flashrt_ros.node.params import ParamError
 
     # The control thread must get the GIL back promptly after the executor thread ran Python.
@@ -127,14 +128,18 @@ def main(args: Sequence[str] | None = None) -> int:
     node = executor = services = None
     try:
         try:
-            _check_parameters(argv)  # before the slow imports: a bad parameter fails at once
+            cfg = _check_parameters(argv)  # before the slow imports: a bad one fails at once
             t_imports = time.monotonic()
+            # the device's context is made beside the imports (cuda/prewarm.py says why)
+            warmer = warm_context(cfg.device)
             from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
+            if warmer is not None:
+                node.context_warmer = warmer
             if bytecode_note:
                 node.get_logger().info(bytecode_note)
         except ParamError as e:

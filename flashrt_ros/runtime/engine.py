@@ -179,7 +179,8 @@ class Engine:
         fused step is then also compiled ahead of time and saved there (precompiled.py), and
         a warm start loads it instead of compiling it again (`precompiled.events` says which).
         `late_fuse` (with a fused step): serve the eager kernels from the first step and build
-        the fused step in a background thread, swapped in at a commit boundary once checked
+        the fused step in a background thread, begun once the first step is done (or by
+        `finish_fusing()` or a new session), swapped in at a commit boundary once checked
         (latefuse.py; `fusing`, `finish_fusing()`): a start in a fraction of the time, at the
         price its module doc states. Every argument is checked before anything is
         allocated."""
@@ -299,8 +300,7 @@ class Engine:
                 lambda: list(self._sessions.values()),
                 self.flight_ticks,
                 self.device,
-            )
-            self._late.start()
+            )  # begun by the second step (_tick), so it never competes with the first
 
     # -- sessions ----------------------------------------------------------------------------------
     @property
@@ -355,6 +355,7 @@ class Engine:
         # A new session waits for a late-fusing build (its capture could not overlap the
         # build's device syncs: latefuse.py) and is then built fused, like the others.
         if self._late is not None:
+            self._late.start()
             self._late.wait()
             self._end_late_fuse()
         ticks = 0 if name.startswith("_") else self.flight_ticks  # no ring for internal sessions
@@ -409,9 +410,12 @@ class Engine:
 
     def finish_fusing(self, timeout: float | None = None) -> bool:
         """Wait for late fusing to end and swap the fused step in; call it from the thread
-        that steps (it is a commit boundary). True once the fused step is served; False when
+        that steps (it is a commit boundary). A build not begun yet (no step so far) begins,
+        unless `timeout` is 0: that only polls. True once the fused step is served; False when
         it will not be (`late_fuse` says why) or on timeout (still building)."""
         late = self._late
+        if late is not None and timeout != 0:
+            late.start()
         if late is not None and not late.wait(timeout):
             return False
         self._end_late_fuse()
@@ -631,8 +635,11 @@ class Engine:
         plan, and bring the outputs to the host buffers; then check the host action (and chunk)
         for NaN/Inf, which costs no sync: they are already on the host. A fault poisons the
         session, so nothing non-finite ever reaches a robot."""
-        if self._late is not None and self._late.done.is_set():
-            self._end_late_fuse()  # between two steps: swap the fused plans in
+        if self._late is not None:
+            if self._late.done.is_set():
+                self._end_late_fuse()  # between two steps: swap the fused plans in
+            elif s.steps:
+                self._late.start()  # the first command is out: build the fused step now
         kind = self.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
         names = s.tick_names[kind]
         if isinstance(x, dict):

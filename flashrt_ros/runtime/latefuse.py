@@ -3,8 +3,9 @@
 Loading the compiled (fused) step is most of a warm start: dynamo traces the step again and
 inductor loads its kernels, seconds where a captured graph of the eager kernels takes a few
 hundred milliseconds (README, "Benchmarks"). With late fusing the Engine builds every session
-over the eager kernels, captured as usual, and serves them at once, while a thread of its own
-builds the compiled step:
+over the eager kernels, captured as usual, and serves them at once. Once the first step is
+done (so the first command never shares the GIL with a compile), a thread of its own builds the
+compiled step:
 
 1. it builds a probe session (or two: with and without a flight ring, which compile apart) with
    the compiled step, on its own arena: this compiles or loads the step, checks it against the
@@ -80,20 +81,31 @@ class LateFuse:
         self.mismatch = ""  # the check's finding, when it found the fused step different
         self.done = threading.Event()  # ready, or given up
         self.cancelled = threading.Event()  # cancel(): stop at the next phase
-        self.started = time.monotonic()
+        self.started: float | None = None  # when start() began the build (monotonic)
         self.built_s = 0.0
         self._thread = threading.Thread(target=self._run, name="flashrt-fuse", daemon=True)
+        self._lock = threading.Lock()  # start() against cancel()
 
     def start(self) -> None:
-        self._thread.start()
+        """Begin the build (once; nothing after a cancel)."""
+        with self._lock:
+            if self.started is not None or self.done.is_set():
+                return
+            self.started = time.monotonic()
+            self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until the build ended (ready or given up); False on timeout."""
         return self.done.wait(timeout)
 
     def cancel(self) -> None:
-        """Give up at the next phase (a compile under way runs to its end)."""
-        self.cancelled.set()
+        """Give up at the next phase (a compile under way runs to its end); a build not begun
+        yet ends at once."""
+        with self._lock:
+            self.cancelled.set()
+            if self.started is None:
+                self.why_not = "cancelled"
+                self.done.set()
 
     def _run(self) -> None:
         try:

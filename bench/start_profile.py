@@ -99,6 +99,12 @@ def main() -> int:
         "its 60 costliest calls (cumulative) and 30 (own time) in OUT/warm_profile.txt",
     )
     ap.add_argument(
+        "--cprofile-unfused",
+        action="store_true",
+        help="also an unfused start (fuse off) with the Engine's build under cProfile: "
+        "OUT/unfused.prof and OUT/unfused_profile.txt, as --cprofile",
+    )
+    ap.add_argument(
         "--env",
         action="append",
         default=[],
@@ -122,16 +128,21 @@ def main() -> int:
                 "env": extra,
                 **start(args.policy, args.device, cache, "auto", env_extra=extra),
             }
-        if args.cprofile:
-            prof = out / "warm.prof"
-            rows["warm_cprofile"] = start(args.policy, args.device, cache, "auto", str(prof))
+        for on, name, fuse in (
+            (args.cprofile, "warm", "auto"),
+            (args.cprofile_unfused, "unfused", "off"),
+        ):
+            if not on:
+                continue
+            prof = out / f"{name}.prof"
+            rows[f"{name}_cprofile"] = start(args.policy, args.device, cache, fuse, str(prof))
             import io
             import pstats
 
             text = io.StringIO()
             pstats.Stats(str(prof), stream=text).sort_stats("cumulative").print_stats(60)
             pstats.Stats(str(prof), stream=text).sort_stats("tottime").print_stats(30)
-            (out / "warm_profile.txt").write_text(text.getvalue())
+            (out / f"{name}_profile.txt").write_text(text.getvalue())
     for k, v in rows.items():
         print(k, v, flush=True)
     (out / "start_profile.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -2,14 +2,16 @@
 
     python3 bench/gil_gap_probe.py --out DIR [--policy builtin:hybrid] [--call-ms 5]
 
-A fresh process fills a compile cache (a fused Engine, as a node's first start does); a second
-fresh process builds an Engine with late_fuse on that cache and steps it at 500 Hz, busy-waiting,
-until the fused step is swapped in and 2 s more. A profile function in the build thread records
-each C call of at least `--call-ms` (a C function that holds the GIL that long stalls every
-other Python thread; pure Python hands the GIL over at the switch interval). Writes
-DIR/gil_gap_probe.json: the step intervals, and for each gap over 10 periods the build
-thread's long C calls that overlap it. No ROS: the stalls are between two threads of one
-process. (faulthandler's watchdog, which dumps stacks without the GIL, crashed the process.)
+A fresh process fills a compile cache and the node's bytecode cache (a fused Engine, as a
+node's first start does); a second fresh process builds an Engine with late_fuse on those caches
+and steps it at 500 Hz, busy-waiting, until the fused step is swapped in and 2 s more. A
+profile function in the build thread records each C call of at least `--call-ms` that ran no
+Python inside (a C function that holds the GIL that long stalls every other Python thread; pure
+Python hands the GIL over at the switch interval). Writes DIR/gil_gap_probe.json: the step
+intervals, and for each gap over 10 periods the build thread's long C calls and the cyclic
+garbage collector's passes (gc.callbacks) overlapping it.
+No ROS: the stalls are between two threads of one process. (faulthandler's watchdog, which
+dumps stacks without the GIL, crashed the process.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import json, sys, threading, time
+import json, os, sys, threading, time
+from flashrt_ros.node import bytecode
+os.environ["FLASHRT_PYCACHE"] = os.path.join(sys.argv[2], "pycache")
+bytecode.enable()  # as the node does: the fill run writes it, the late run reads it
 import numpy as np
 from flashrt_ros import Engine, load_policy
 from flashrt_ros.runtime import latefuse
@@ -54,6 +59,15 @@ def prof(frame, event, arg):
     elif event == "call":
         for c in open_calls:
             c[1] = True
+import gc
+gcs, gc_t0 = [], [0.0]  # the collector's passes: (start, end, generation, thread)
+def on_gc(phase, info):
+    if phase == "start":
+        gc_t0[0] = time.perf_counter()
+    else:
+        name = threading.current_thread().name
+        gcs.append((gc_t0[0], time.perf_counter(), info["generation"], name))
+gc.callbacks.append(on_gc)
 real_run = latefuse.LateFuse._run
 def run(self):
     sys.setprofile(prof)
@@ -83,13 +97,19 @@ def row(c0, c1, n, w):
     return dict(ms=round((c1 - c0) * 1e3, 1), call=n, at=w)
 def during(a, b):  # the long C calls that overlap a gap
     return [row(*c) for c in calls if c[0] < b and c[1] > a]
+def gc_row(g0, g1, gen, name):
+    return dict(ms=round((g1 - g0) * 1e3, 1), generation=gen, thread=name)
+def gc_during(a, b):  # the collector's passes over 1 ms that overlap a gap
+    return [gc_row(*g) for g in gcs if g[0] < b and g[1] > a and g[1] - g[0] > 1e-3]
 print("RESULT " + json.dumps({
     "late_fuse": e.late_fuse, "steps": len(stamps),
     "intervals_over_2_periods": int((dt > 2 * period).sum()),
     "longest_ms": sorted(round(float(x) * 1e3, 2) for x in dt)[-10:],
     "gaps_over_10_periods": [
-        dict(ms=round((b - a) * 1e3, 1), c_calls=during(a, b)) for a, b in gaps
+        dict(ms=round((b - a) * 1e3, 1), c_calls=during(a, b), gc=gc_during(a, b))
+        for a, b in gaps
     ],
+    "gc_passes_over_1ms": [gc_row(*g) for g in gcs if g[1] - g[0] > 1e-3],
     "long_c_calls": [row(*c) for c in calls],
 }))
 """

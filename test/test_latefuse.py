@@ -8,6 +8,7 @@ plans are captured graphs, is test_cuda_latefuse.py.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -144,6 +145,25 @@ def test_the_build_begins_once_the_first_step_is_done(gate):
     assert len(_fuse_threads() - before) == 1
     gate.set()
     assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
+
+
+def test_no_full_collection_while_building_and_the_build_is_frozen_after(gate):
+    """A full pass of the collector over the compiler's objects stalled the stepping thread
+    80-200 ms (bench/gil_gap_probe.py): none runs during the build, the young generations are
+    collected as usual, and the thresholds come back with the build's objects frozen."""
+    before = gc.get_threshold()
+    eng = engine(fuse=True, late_fuse=True)
+    eng.step(OBS[0])
+    eng.step(OBS[1])  # the build begins, and waits at the gate
+    deadline = time.monotonic() + 30
+    while gc.get_threshold() == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gc.get_threshold() == (before[0], before[1], 1 << 30)
+    frozen = gc.get_freeze_count()
+    gate.set()
+    assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() > frozen
 
 
 def test_finish_fusing_begins_a_build_no_step_began():

@@ -35,6 +35,7 @@ that tolerance, not bit for bit. Capsules taken after the swap continue bit for 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -46,6 +47,39 @@ from flashrt_ros.cuda.graphs import CAPTURE_LOCK
 from flashrt_ros.runtime.session import PlanSet, Session
 
 log = logging.getLogger(__name__)
+
+
+_gc_lock = threading.Lock()
+_gc_builds = [0, None]  # builds under way, the collector's thresholds before the first
+
+
+@contextlib.contextmanager
+def young_collections_only():
+    """No full (generation 2) collection while a build runs, and the build's objects frozen
+    after it.
+
+    Compiling imports the compiler stack: some 200k new objects. A full collection walks them
+    all while holding the GIL, 80-200 ms in one piece (gil_gap_probe.py found the build's
+    longest stalls of the stepping thread to be exactly these passes). Young collections stay
+    on (a few ms at most, and they bound the garbage); at the end the young generations are
+    collected and everything is frozen (gc.freeze), so the next full pass does not walk the
+    compiler either. What cyclic garbage reached the old generation meanwhile (about 1.5k
+    objects, measured on the CPU) is frozen with it, until gc.unfreeze() (the node's cleanup)."""
+    with _gc_lock:
+        if _gc_builds[0] == 0:
+            _gc_builds[1] = gc.get_threshold()
+            young, middle = _gc_builds[1][:2]
+            gc.set_threshold(young, middle, 1 << 30)
+        _gc_builds[0] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_builds[0] -= 1
+            if _gc_builds[0] == 0:
+                gc.collect(1)
+                gc.freeze()
+                gc.set_threshold(*_gc_builds[1])
 
 
 class LateFuse:
@@ -112,7 +146,7 @@ class LateFuse:
             cuda = self._device.type == "cuda"
             stream = torch.cuda.Stream(self._device) if cuda else None
             where = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
-            with CAPTURE_LOCK, where, torch.no_grad():
+            with CAPTURE_LOCK, young_collections_only(), where, torch.no_grad():
                 self._build()
                 if cuda:
                     stream.synchronize()

@@ -9,6 +9,7 @@ plans are captured graphs, is test_cuda_latefuse.py.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 
@@ -17,7 +18,7 @@ import pytest
 
 from flashrt_ros import Engine
 from flashrt_ros.errors import BadRequest
-from flashrt_ros.runtime import session
+from flashrt_ros.runtime import latefuse, session
 from test.tiny_policy import tiny
 
 OBS = np.random.default_rng(7).normal(size=(40, 12)).astype(np.float32)
@@ -147,22 +148,26 @@ def test_the_build_begins_once_the_first_step_is_done(gate):
     assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
 
 
-def test_no_full_collection_while_building_and_the_build_is_frozen_after(gate):
+def test_the_build_window_hands_the_gil_over_often_and_skips_full_collections(gate):
     """A full pass of the collector over the compiler's objects stalled the stepping thread
     80-200 ms (bench/gil_gap_probe.py): none runs during the build, the young generations are
-    collected as usual, and the thresholds come back with the build's objects frozen."""
-    before = gc.get_threshold()
+    collected as usual, and the GIL changes hands every 0.2 ms; afterwards the thresholds and
+    the switch interval come back, with the build's objects frozen."""
+    before, switch = gc.get_threshold(), sys.getswitchinterval()
+    assert switch > latefuse.SWITCH_S  # Python's default, 5 ms
     eng = engine(fuse=True, late_fuse=True)
     eng.step(OBS[0])
+    assert gc.get_threshold() == before  # nothing changes before the build begins
     eng.step(OBS[1])  # the build begins, and waits at the gate
     deadline = time.monotonic() + 30
     while gc.get_threshold() == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert gc.get_threshold() == (before[0], before[1], 1 << 30)
+    assert sys.getswitchinterval() == pytest.approx(latefuse.SWITCH_S)
     frozen = gc.get_freeze_count()
     gate.set()
     assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse
-    assert gc.get_threshold() == before
+    assert gc.get_threshold() == before and sys.getswitchinterval() == switch
     assert gc.get_freeze_count() > frozen
 
 

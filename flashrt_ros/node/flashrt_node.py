@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import threading
 import time
 
@@ -59,9 +58,6 @@ from flashrt_ros.runtime.engine import Engine
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
 # the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
-# late_fuse: while its thread builds the fused step, Python hands the GIL over at least this
-# often (default 5 ms), so the control loop waits for it at most about that long per tick
-LATE_FUSE_SWITCH_S = 0.0002
 FUSE_WAIT_S = 300.0  # cleanup waits this long for a fused step still building
 
 
@@ -101,8 +97,7 @@ class FlashrtNode(LifecycleNode):
         self._stepped_at: tuple[int, ...] = ()
         self._js_taken = 0  # valid joint_states so far (frame steps count them)
         self.startup: dict[str, float] = {}  # phase -> seconds (main.py adds the imports)
-        # the GIL's switch interval before late fusing; set while its end is not logged yet
-        self._switch_s: float | None = None
+        self._fuse_unlogged = False  # late fusing's end is not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
         # the services on a node of their own, spun by main.py on a thread of its own
@@ -178,11 +173,7 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
-        # late fusing: its thread and the control loop share the GIL, so it changes hands often
-        # until diagnostic_array sees the build end
-        if engine.fusing:
-            self._switch_s = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._switch_s, LATE_FUSE_SWITCH_S))
+        self._fuse_unlogged = engine.fusing  # diagnostic_array logs the build's end
         self._pub_cmd = self._pub_traj = None
         if cfg.output in ("commands", "both"):
             self._pub_cmd = self.create_lifecycle_publisher(Float64MultiArray, "commands", 10)
@@ -305,9 +296,9 @@ class FlashrtNode(LifecycleNode):
         return "fused" if engine.fused else "eager"
 
     def _late_fuse_ended(self, engine: Engine) -> None:
-        """Say what came of late fusing; the GIL's switch interval goes back."""
-        sys.setswitchinterval(self._switch_s)
-        self._switch_s = None
+        """Say what came of late fusing (its thread put the GIL's switch interval and the
+        collector back itself: runtime/latefuse.build_window)."""
+        self._fuse_unlogged = False
         if engine.fusing:
             self.get_logger().warning("late_fuse: the fused step was still building; left")
             return
@@ -316,9 +307,6 @@ class FlashrtNode(LifecycleNode):
         else:
             self.get_logger().error(f"late_fuse: {engine.late_fuse}")
         self._log_precompiled(engine)
-        # what the build made lives as long as the node, like what configure froze: keep the
-        # collector's full passes off it
-        gc.freeze()
 
     def _log_precompiled(self, engine: Engine) -> None:
         if engine.precompiled is not None:
@@ -479,7 +467,7 @@ class FlashrtNode(LifecycleNode):
                 self.engine.cancel_fusing()
                 self.engine.finish_fusing(timeout=FUSE_WAIT_S)
                 building = self.engine.fusing
-            if self._switch_s is not None:
+            if self._fuse_unlogged:
                 self._late_fuse_ended(self.engine)
             self.engine = None
         if building:  # resetting dynamo under a compile in flight is not safe: leave it
@@ -780,7 +768,7 @@ class FlashrtNode(LifecycleNode):
                 kv["device"] = str(eng.device)
                 if eng.fusing:  # a commit boundary: a fused step built by now is swapped in
                     eng.finish_fusing(timeout=0)
-                if self._switch_s is not None and not eng.fusing:  # swapped here or at a tick
+                if self._fuse_unlogged and not eng.fusing:  # swapped here or at a tick
                     self._late_fuse_ended(eng)
                 kv["kernels"] = self._kernels(eng)
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)

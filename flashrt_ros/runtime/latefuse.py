@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,14 +50,21 @@ from flashrt_ros.runtime.session import PlanSet, Session
 log = logging.getLogger(__name__)
 
 
-_gc_lock = threading.Lock()
-_gc_builds = [0, None]  # builds under way, the collector's thresholds before the first
+# While a build runs, Python hands the GIL over at least this often (its default is 5 ms): the
+# build thread imports and compiles in pure Python, so a stepping thread waits about this long
+# for the GIL per request instead of up to 5 ms, and the build itself, which gives the GIL up at
+# each of its thousands of file reads, gets it back as soon (a Python loop polling beside it
+# with the default interval starved a build on the H200 for over 60 s: gil_gap_probe.py).
+SWITCH_S = 0.0002
+
+_window_lock = threading.Lock()
+_window: dict = {"builds": 0, "thresholds": None, "switch_s": None}  # before the first build
 
 
 @contextlib.contextmanager
-def young_collections_only():
-    """No full (generation 2) collection while a build runs, and the build's objects frozen
-    after it.
+def build_window():
+    """What the process runs under while a build is under way (one or several, nested): the
+    GIL changes hands every SWITCH_S, and no full (generation 2) collection runs.
 
     Compiling imports the compiler stack: some 200k new objects. A full collection walks them
     all while holding the GIL, 80-200 ms in one piece (gil_gap_probe.py found the build's
@@ -64,22 +72,26 @@ def young_collections_only():
     on (a few ms at most, and they bound the garbage); at the end the young generations are
     collected and everything is frozen (gc.freeze), so the next full pass does not walk the
     compiler either. What cyclic garbage reached the old generation meanwhile (about 1.5k
-    objects, measured on the CPU) is frozen with it, until gc.unfreeze() (the node's cleanup)."""
-    with _gc_lock:
-        if _gc_builds[0] == 0:
-            _gc_builds[1] = gc.get_threshold()
-            young, middle = _gc_builds[1][:2]
+    objects, measured on the CPU) is frozen with it, until gc.unfreeze() (the node's cleanup).
+    The switch interval and the thresholds come back as they were once the last build ends."""
+    with _window_lock:
+        if _window["builds"] == 0:
+            _window["thresholds"] = gc.get_threshold()
+            young, middle = _window["thresholds"][:2]
             gc.set_threshold(young, middle, 1 << 30)
-        _gc_builds[0] += 1
+            _window["switch_s"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_window["switch_s"], SWITCH_S))
+        _window["builds"] += 1
     try:
         yield
     finally:
-        with _gc_lock:
-            _gc_builds[0] -= 1
-            if _gc_builds[0] == 0:
+        with _window_lock:
+            _window["builds"] -= 1
+            if _window["builds"] == 0:
                 gc.collect(1)
                 gc.freeze()
-                gc.set_threshold(*_gc_builds[1])
+                gc.set_threshold(*_window["thresholds"])
+                sys.setswitchinterval(_window["switch_s"])
 
 
 class LateFuse:
@@ -146,7 +158,7 @@ class LateFuse:
             cuda = self._device.type == "cuda"
             stream = torch.cuda.Stream(self._device) if cuda else None
             where = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
-            with CAPTURE_LOCK, young_collections_only(), where, torch.no_grad():
+            with CAPTURE_LOCK, build_window(), where, torch.no_grad():
                 self._build()
                 if cuda:
                     stream.synchronize()

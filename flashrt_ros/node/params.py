@@ -769,10 +769,11 @@ NODE_PARAMS = ParamTable(
             False,
             "bool",
             "with fuse: start on the plain captured step and build the fused one in a background "
-            "thread, swapped in between two ticks once checked: a first command in 3.2-3.5 s "
-            "instead of 7.7-7.9 s on the H200 machine, but ticks come late during the ~5 s build "
-            "(one 80 ms gap there) and a state stepped across the swap continues within float "
-            "reassociation, not bit for bit (off by default, so bag replays are bit-exact)",
+            "thread after the first command, swapped in between two ticks once checked: a first "
+            "command as early as an unfused start (2.7-3.2 s against 5.1-6.1 s warm, medians on "
+            "three H200 machines), but during the ~5 s build the 500 Hz loop runs at ~480 Hz "
+            "(longest interval 10-18 ms) and a state stepped across the swap continues within "
+            "float reassociation, not bit for bit (off by default, so bag replays are bit-exact)",
         ),
         Param(
             "max_sessions",

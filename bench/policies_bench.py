@@ -86,7 +86,7 @@ def tick_times(eng: Engine, ticks: int, budget_s: float) -> dict[str, np.ndarray
     after `ticks` ticks or `budget_s` seconds. The first 2 ticks of each kind are warm-up."""
     obs = observations(eng, 64)
     out: dict[str, list[float]] = {}
-    gc.collect()  # as the node does after configure (flashrt_node.py): the collector's full
+    gc.collect()  # the node freezes after configure (flashrt_node.py): the collector's full
     gc.freeze()  # passes over torch's and inductor's objects are not ticks' time
     t_end = time.perf_counter() + budget_s
     try:

@@ -27,6 +27,7 @@ class ContextWarmer:
         self.error = ""  # why no context was made ("" when one was, or still running)
         self.context: int | None = None  # the primary context's handle, once retained
         self._lib = None  # libcuda, kept loaded: the retained context lives in it
+        self._dev = ctypes.c_int()
         self.thread = threading.Thread(target=self._run, name="flashrt-cuda-warm", daemon=True)
 
     def _run(self) -> None:
@@ -36,7 +37,7 @@ class ContextWarmer:
         except OSError as e:
             self.error = f"no CUDA driver ({e})"
             return
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        dev, ctx = self._dev, ctypes.c_void_p()
         retain = lib.cuDevicePrimaryCtxRetain
         calls = (
             ("cuInit", lambda: lib.cuInit(0)),
@@ -50,6 +51,20 @@ class ContextWarmer:
                 return
         self._lib, self.context = lib, ctx.value
         self.seconds = time.perf_counter() - t0
+
+    def release(self, timeout: float = 10.0) -> bool:
+        """Give the retained context back (the engine runs on the CPU after all: with device
+        auto and a torch without CUDA, say). True when one was given back."""
+        self.thread.join(timeout)
+        if self._lib is None or self.context is None or self.thread.is_alive():
+            return False
+        release = getattr(self._lib, "cuDevicePrimaryCtxRelease_v2", None)
+        if release is None:
+            release = self._lib.cuDevicePrimaryCtxRelease
+        if release(self._dev) != 0:
+            return False
+        self.context = None
+        return True
 
 
 def device_index(device: str) -> int | None:

@@ -59,6 +59,7 @@ from flashrt_ros.runtime.engine import Engine
 # the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
 FUSE_WAIT_S = 300.0  # cleanup waits this long for a fused step still building
+EXIT_FUSE_WAIT_S = 5.0  # and an exit this long, once the build was cancelled
 
 
 class FlashrtNode(LifecycleNode):
@@ -173,6 +174,11 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
+        w = self.context_warmer
+        if w is not None and engine.device.type != "cuda" and w.release():
+            self.get_logger().info(
+                f"the engine runs on {engine.device}: released the CUDA context made ahead"
+            )
         self._fuse_unlogged = engine.fusing  # diagnostic_array logs the build's end
         self._pub_cmd = self._pub_traj = None
         if cfg.output in ("commands", "both"):
@@ -263,7 +269,7 @@ class FlashrtNode(LifecycleNode):
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.
         # No collection first: it found a few dozen unreachable objects among ~200k and took
-        # 50-90 ms on the way to the first command; cleanup unfreezes, so they go then.
+        # 50-90 ms on the way to the first command; cleanup unfreezes and collects them.
         gc.freeze()
         return super().on_configure(state)
 
@@ -292,6 +298,8 @@ class FlashrtNode(LifecycleNode):
     def _kernels(engine: Engine) -> str:
         """What the live step runs, for /diagnostics."""
         if engine.fusing:
+            if not engine.fusing_begun:
+                return "eager (fused step built once stepping: late_fuse)"
             return "eager (fused step building: late_fuse)"
         return "fused" if engine.fused else "eager"
 
@@ -436,9 +444,16 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().info(f"{thread.name} runs at SCHED_FIFO priority {prio}")
 
     def stop_threads(self) -> None:
-        """The control loop and the inputs' loop end (main.py, at exit): nothing steps after."""
+        """The control loop and the inputs' loop end (main.py, at exit): nothing steps after.
+        A late-fusing build is cancelled and given a moment to end: it freezes the heap as it
+        ends, which must come before main.py's last unfreeze and collection."""
         self._stop_loop()
         self._close_inputs()
+        eng = self.engine
+        if eng is not None and eng.fusing:
+            eng.cancel_fusing()
+            if not eng.finish_fusing(timeout=EXIT_FUSE_WAIT_S) and eng.fusing:
+                self.get_logger().warning("late_fuse: the build was still running at exit")
 
     def _close_inputs(self) -> None:
         if self._cams is not None:
@@ -477,7 +492,8 @@ class FlashrtNode(LifecycleNode):
             )
         elif fused:  # drop compiled code that holds the old policy's weights
             torch._dynamo.reset()
-        gc.unfreeze()  # what configure froze may be garbage now
+        gc.unfreeze()  # what configure (and a build) froze may be garbage now: collect it,
+        gc.collect()  # old engine and compiled code included, before the cache is emptied
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

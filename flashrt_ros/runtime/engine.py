@@ -182,8 +182,9 @@ class Engine:
         the fused step in a background thread, begun once the first step is done (or by
         `finish_fusing()` or a new session), swapped in at a commit boundary once checked
         (latefuse.py; `fusing`, `finish_fusing()`): a start in a fraction of the time, at the
-        price its module doc states. Every argument is checked before anything is
-        allocated."""
+        price its module doc states; the build runs without full garbage collections and
+        freezes the heap when it ends (latefuse.build_window). Every argument is checked
+        before anything is allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
         seed = _int(seed, "seed", -(2**63), 2**63 - 1)
@@ -232,6 +233,7 @@ class Engine:
         # first session checks it against the eager step (fusecheck.py).
         self.fused_mismatch = ""
         self._late: LateFuse | None = None
+        self._ticked = False  # a tick began (late fusing begins its build at the second)
         self.late_fuse = ""  # what became of late fusing, once it ended ("" before, or never)
         self.spec = list(policy.state_spec()) + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
@@ -400,8 +402,14 @@ class Engine:
     # -- late fusing (latefuse.py) ---------------------------------------------------------------
     @property
     def fusing(self) -> bool:
-        """A fused step is being built in the background (or is ready and not yet swapped in)."""
+        """A fused step is being built in the background (or is ready and not yet swapped in,
+        or waits for the second step to begin: `fusing_begun`)."""
         return self._late is not None
+
+    @property
+    def fusing_begun(self) -> bool:
+        """Late fusing's build has begun (at the second step, or when asked for)."""
+        return self._late is not None and self._late.started is not None
 
     @property
     def fused(self) -> bool:
@@ -638,8 +646,9 @@ class Engine:
         if self._late is not None:
             if self._late.done.is_set():
                 self._end_late_fuse()  # between two steps: swap the fused plans in
-            elif s.steps:
+            elif self._ticked:
                 self._late.start()  # the first command is out: build the fused step now
+            self._ticked = True
         kind = self.policy.tick_kind(s.steps) if len(s.plans) > 1 else 0
         names = s.tick_names[kind]
         if isinstance(x, dict):

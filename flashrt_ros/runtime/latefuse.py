@@ -63,22 +63,25 @@ _window: dict = {"builds": 0, "thresholds": None, "switch_s": None}  # before th
 
 @contextlib.contextmanager
 def build_window():
-    """What the process runs under while a build is under way (one or several, nested): the
-    GIL changes hands every SWITCH_S, and no full (generation 2) collection runs.
+    """What the process runs under while a build is under way: the GIL changes hands every
+    SWITCH_S, and no full (generation 2) collection runs. (Counted, though the capture lock
+    has two Engines' builds run one after the other.)
 
     Compiling imports the compiler stack: some 200k new objects. A full collection walks them
     all while holding the GIL, 80-200 ms in one piece (gil_gap_probe.py found the build's
     longest stalls of the stepping thread to be exactly these passes). Young collections stay
     on (a few ms at most, and they bound the garbage); at the end the young generations are
     collected and everything is frozen (gc.freeze), so the next full pass does not walk the
-    compiler either. What cyclic garbage reached the old generation meanwhile (about 1.5k
-    objects, measured on the CPU) is frozen with it, until gc.unfreeze() (the node's cleanup).
-    The switch interval and the thresholds come back as they were once the last build ends."""
+    compiler either. The freeze takes the whole heap: what cyclic garbage reached the old
+    generation (about 1.5k objects from a build, measured on the CPU) stays until gc.unfreeze()
+    and a collection (the node's cleanup does both). The switch interval and the thresholds
+    come back as they were once the last build ends. threshold2 = 2**30 keeps CPython 3.11-3.13
+    from any full pass; 3.14's incremental collector has no long passes to keep off."""
     with _window_lock:
         if _window["builds"] == 0:
             _window["thresholds"] = gc.get_threshold()
             young, middle = _window["thresholds"][:2]
-            gc.set_threshold(young, middle, 1 << 30)
+            gc.set_threshold(young, middle, 1 << 30)  # full passes only after 2**30 middle ones
             _window["switch_s"] = sys.getswitchinterval()
             sys.setswitchinterval(min(_window["switch_s"], SWITCH_S))
         _window["builds"] += 1
@@ -138,7 +141,12 @@ class LateFuse:
             if self.started is not None or self.done.is_set():
                 return
             self.started = time.monotonic()
-            self._thread.start()
+            try:
+                self._thread.start()
+            except RuntimeError as e:  # no thread to be had: nothing will be built
+                self.why_not = f"no build thread: {e}"
+                self.done.set()
+                log.error("late fusing: %s; serving the eager kernels", self.why_not)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until the build ended (ready or given up); False on timeout."""

@@ -7,7 +7,7 @@
 #     with .whl312/*.whl installed offline (skipped when already done on a warm machine);
 #  2. the colcon build of flashrt_ros into install/, as `make build` does (skipped when done);
 #  3. bench/ros_bench.py --device cuda --out OUT_DIR/ros.json (node and floor logs in
-#     OUT_DIR/ros_logs): cold and warm start, timer rates (1 kHz for 60 s), services, lockstep,
+#     OUT_DIR/ros_logs.tgz): cold and warm start, timer rates (1 kHz for 60 s), services, lockstep,
 #     and the bare-rclpy floors (bench/ros_floors.py); about 4-5 minutes on the H200.
 # Env: PYTHON (python3), WHEELS (.whl312), DEVICE (cuda). DDS stays on loopback (env.sh).
 set -eo pipefail
@@ -107,5 +107,10 @@ say "python bench/ros_bench.py --device $DEVICE --out $OUT/ros.json $*"
 rc=0
 PYTHONUNBUFFERED=1 python bench/ros_bench.py --device "$DEVICE" --out "$OUT/ros.json" \
   --log-dir "$OUT/ros_logs" "$@" || rc=$?
-say "done (rc $rc)"
+# the node and floor logs as one archive: the device tool brings back a limited number of files
+# per call (a 3-round start run writes 13 logs), ros_logs/ is kept with ROS_GPU_KEEP_LOGS=1
+if [ -d "$OUT/ros_logs" ] && tar czf "$OUT/ros_logs.tgz" -C "$OUT" ros_logs; then
+  [ "${ROS_GPU_KEEP_LOGS:-0}" = 1 ] || rm -rf "$OUT/ros_logs"
+fi
+say "done (rc $rc; logs in $OUT/ros_logs.tgz)"
 exit $rc

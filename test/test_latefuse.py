@@ -180,6 +180,19 @@ def test_the_build_window_hands_the_gil_over_often_and_skips_full_collections(ga
     assert gc.get_freeze_count() > frozen
 
 
+def test_the_build_window_nests_and_restores_once_the_last_build_ends():
+    before, switch = gc.get_threshold(), sys.getswitchinterval()
+    with latefuse.build_window():
+        with latefuse.build_window():
+            assert gc.get_threshold()[2] == 1 << 30
+        assert gc.get_threshold()[2] == 1 << 30  # the outer build still runs
+        assert sys.getswitchinterval() == pytest.approx(latefuse.SWITCH_S)
+    assert gc.get_threshold() == before and sys.getswitchinterval() == switch
+    with pytest.raises(RuntimeError), latefuse.build_window():  # a build that fails
+        raise RuntimeError("inductor fell over")
+    assert gc.get_threshold() == before and sys.getswitchinterval() == switch
+
+
 def test_finish_fusing_begins_a_build_no_step_began():
     eng = engine(fuse=True, late_fuse=True)
     assert eng.finish_fusing(timeout=120) and eng.fused, eng.late_fuse

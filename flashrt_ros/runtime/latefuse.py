@@ -26,7 +26,8 @@ If the check finds the compiled step different, or building it fails, nothing is
 eager kernels stay in service, and `why_not` says why.
 
 What it costs: the thread shares the GIL and the device with the control loop while it works,
-so ticks in those seconds can come late; and a state stepped before the swap continues after
+so ticks in those seconds can come late (build_window keeps the collector's full passes off and
+the GIL changing hands often meanwhile); and a state stepped before the swap continues after
 it with the fused kernels, whose floats may differ from the eager ones by reassociation (the
 check's tolerance), so a capsule taken before the swap and restored after it continues within
 that tolerance, not bit for bit. Capsules taken after the swap continue bit for bit.
@@ -75,8 +76,9 @@ def build_window():
     compiler either. The freeze takes the whole heap: what cyclic garbage reached the old
     generation (about 1.5k objects from a build, measured on the CPU) stays until gc.unfreeze()
     and a collection (the node's cleanup does both). The switch interval and the thresholds
-    come back as they were once the last build ends. threshold2 = 2**30 keeps CPython 3.11-3.13
-    from any full pass; 3.14's incremental collector has no long passes to keep off."""
+    come back as they were once the last build ends. threshold2 = 2**30 keeps the generational
+    collector of CPython 3.11 and 3.12 (here and on the GPU machine) from any full pass; a later
+    collector may read the thresholds otherwise."""
     with _window_lock:
         if _window["builds"] == 0:
             _window["thresholds"] = gc.get_threshold()

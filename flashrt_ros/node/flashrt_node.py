@@ -269,7 +269,7 @@ class FlashrtNode(LifecycleNode):
         # Everything built so far lives as long as the node: freezing it keeps the collector's
         # full passes (which hold the GIL for milliseconds) from walking it during control.
         # No collection first: it found a few dozen unreachable objects among ~200k and took
-        # 50-90 ms on the way to the first command; cleanup unfreezes and collects them.
+        # 87 ms on the 2-core CPU machine (ad hoc); cleanup unfreezes and collects them.
         gc.freeze()
         return super().on_configure(state)
 
@@ -449,11 +449,17 @@ class FlashrtNode(LifecycleNode):
         ends, which must come before main.py's last unfreeze and collection."""
         self._stop_loop()
         self._close_inputs()
+        if self._stop_fusing(EXIT_FUSE_WAIT_S):
+            self.get_logger().warning("late_fuse: the build was still running at exit")
+
+    def _stop_fusing(self, timeout: float) -> bool:
+        """Cancel a late-fusing build and wait up to `timeout` for it; True if it still runs."""
         eng = self.engine
-        if eng is not None and eng.fusing:
-            eng.cancel_fusing()
-            if not eng.finish_fusing(timeout=EXIT_FUSE_WAIT_S) and eng.fusing:
-                self.get_logger().warning("late_fuse: the build was still running at exit")
+        if eng is None or not eng.fusing:
+            return False
+        eng.cancel_fusing()
+        eng.finish_fusing(timeout=timeout)
+        return eng.fusing
 
     def _close_inputs(self) -> None:
         if self._cams is not None:
@@ -477,11 +483,8 @@ class FlashrtNode(LifecycleNode):
         self.flight.settle()  # an automatic dump asked for takes its copy before the engine goes
         with self.engine_lock:
             fused = self.engine is not None and self.engine.fuse
-            building = fused and self.engine.fusing
-            if building:  # its thread compiles with the old policy: stop it, wait for it
-                self.engine.cancel_fusing()
-                self.engine.finish_fusing(timeout=FUSE_WAIT_S)
-                building = self.engine.fusing
+            # a build compiles with the old policy: stop it, wait for it
+            building = self._stop_fusing(FUSE_WAIT_S)
             if self._fuse_unlogged:
                 self._late_fuse_ended(self.engine)
             self.engine = None

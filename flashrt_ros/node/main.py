@@ -138,8 +138,7 @@ def main(args: Sequence[str] | None = None) -> int:
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
-            if warmer is not None:
-                node.context_warmer = warmer
+            node.context_warmer = warmer
             if bytecode_note:
                 node.get_logger().info(bytecode_note)
         except ParamError as e:

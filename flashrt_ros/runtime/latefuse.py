@@ -74,7 +74,7 @@ def build_window():
     on (a few ms at most, and they bound the garbage); at the end the young generations are
     collected and everything is frozen (gc.freeze), so the next full pass does not walk the
     compiler either. The freeze takes the whole heap: what cyclic garbage reached the old
-    generation (about 1.5k objects from a build, measured on the CPU) stays until gc.unfreeze()
+    generation (about 1.5k objects from a build, ad hoc on the CPU) stays until gc.unfreeze()
     and a collection (the node's cleanup does both). The switch interval and the thresholds
     come back as they were once the last build ends. threshold2 = 2**30 keeps the generational
     collector of CPython 3.11 and 3.12 (here and on the GPU machine) from any full pass; a later

@@ -9,6 +9,7 @@ the node; a result file beside a benchmark says which ones the machine had.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -234,6 +235,46 @@ def sample_threads(pid: int, period: float) -> int:
         samples.append(cur)
     print(json.dumps(samples))
     return 0
+
+
+def net_shm_load(shm: Path = Path("/dev/shm")) -> dict:
+    """The machine-wide state a DDS transport depends on, cheap enough to take around every
+    scenario: the kernel's UDP counters (a datagram dropped for a full receive buffer counts in
+    RcvbufErrors), the Fast DDS shared-memory files (count, bytes) and the 1-minute load. Two
+    of these taken around a scenario say whether its messages went by UDP and lost some, or
+    whether ports and segments piled up."""
+    udp: dict = {}
+    lines = [ln.split() for ln in read("/proc/net/snmp").splitlines() if ln.startswith("Udp:")]
+    if len(lines) == 2:
+        udp = {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=False)}
+    files, size = 0, 0
+    try:
+        for e in os.scandir(shm):
+            if e.name.startswith(("fastdds_", "fastrtps_", "sem.fastdds_", "sem.fastrtps_")):
+                files += 1
+                with contextlib.suppress(OSError):
+                    size += e.stat().st_size
+    except OSError:
+        pass
+    load = read("/proc/loadavg").split()
+    return {
+        "udp": udp,
+        "shm_files": files,
+        "shm_bytes": size,
+        "load1": float(load[0]) if load else None,
+    }
+
+
+def net_shm_delta(before: dict, after: dict) -> dict:
+    """What changed between two net_shm_load()s: the UDP counters that moved, the shared-memory
+    files then, and the load after."""
+    ub, ua = before.get("udp", {}), after.get("udp", {})
+    return {
+        "udp": {k: ua[k] - ub[k] for k in ua if k in ub and ua[k] != ub[k]},
+        "shm_files": [before.get("shm_files"), after.get("shm_files")],
+        "shm_mib": [round(x.get("shm_bytes", 0) / 2**20, 1) for x in (before, after)],
+        "load1": after.get("load1"),
+    }
 
 
 def facts(steal_s: float) -> dict:

@@ -475,6 +475,12 @@ def lockstep(cl: Client, n: int, publish, warm: int = 50, period: float = 0.0) -
     return lat_cb, lat_rx
 
 
+def block_p50s(lat: list, block: int = 50) -> list:
+    """p50 of each `block` samples in order (us): where a scenario's latency changed, if it
+    did (the camera "slow mode" set in partway through a run)."""
+    return [pct(lat[i : i + block], 50) for i in range(0, len(lat), block)]
+
+
 def latency_summary(lat_cb: list, lat_rx: list) -> dict:
     basis = "dds" if lat_rx and len(lat_rx) == len(lat_cb) else "cb"
     head = lat_rx if basis == "dds" else lat_cb
@@ -487,6 +493,7 @@ def latency_summary(lat_cb: list, lat_rx: list) -> dict:
         "cb_p99_us": pct(lat_cb, 99),
         "dds_p50_us": pct(lat_rx, 50),
         "dds_p99_us": pct(lat_rx, 99),
+        "p50_us_by_50": block_p50s(head),
     }
 
 
@@ -1598,7 +1605,7 @@ def main() -> int:
         return 2
     import torch
 
-    from bench.host_facts import cpu_model
+    from bench.host_facts import cpu_model, net_shm_delta, net_shm_load
 
     log(
         f"device {args.device}, rates {rates} ({args.seconds} s each, 1 kHz "
@@ -1611,6 +1618,7 @@ def main() -> int:
     starts: dict = {}
     floors: dict = {}
     retried: list[str] = []  # floors that failed once and then ran (their first error)
+    attempts: list[dict] = []  # per scenario: wall s, UDP counter deltas, /dev/shm files
 
     def attempt(what: str, fn, *a):
         """Run one scenario in a fresh domain; a failure is logged and kept, the rest go on.
@@ -1619,15 +1627,58 @@ def main() -> int:
         stale = clean_stale_fastdds_shm()
         if stale:
             log(f"removed the Fast DDS shared-memory files of {len(stale)} ended processes")
-        with ros_harness(log_dir) as ros:
-            try:
-                return fn(ros, *a)
-            except Exception as e:
-                log(f"FAILED {what}: {e}")
-                errors.append(f"{what}: {e}"[:2000])
-                return None
+        before, t0 = net_shm_load(), time.monotonic()
+        try:
+            with ros_harness(log_dir) as ros:
+                try:
+                    return fn(ros, *a)
+                except Exception as e:
+                    log(f"FAILED {what}: {e}")
+                    errors.append(f"{what}: {e}"[:2000])
+                    return None
+        finally:  # the machine's UDP drops and shared-memory files around it (host_facts.py)
+            d = net_shm_delta(before, net_shm_load())
+            attempts.append({"what": what, "s": round(time.monotonic() - t0, 1), **d})
+
+    cam_profile = None if args.camera_fastdds_profile == "none" else args.camera_fastdds_profile
+
+    @contextlib.contextmanager
+    def camera_dds():
+        """The camera scenario's Fast DDS profile in os.environ, which the processes started
+        under it inherit. Not this process: Fast DDS reads the variable once, at its first
+        participant, and keeps what it read (dds_profile_first below)."""
+        old = os.environ.get(PROFILE_VAR)
+        if cam_profile is not None:
+            os.environ[PROFILE_VAR] = cam_profile
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(PROFILE_VAR, None)
+            else:
+                os.environ[PROFILE_VAR] = old
 
     full = args.only is None
+    if cam_profile is not None and (full or args.only == "camera"):
+        # This process publishes the camera scenarios' images, so its participants need the
+        # profile, and Fast DDS loads profiles once per process, at the first participant: one
+        # made without the variable (a start or timer scenario) left every later one on the
+        # 512 KiB default segment, and the images at 12-14 ms (the "slow mode" of the full runs
+        # up to 781f908: the image echo at 13.2-13.4 ms against 2.7 ms in --only camera runs;
+        # reproduced on the CPU machine, 13.6 against 4.7 ms). So the first participant loads
+        # it, before any scenario; the profile keeps the built-in transports' kinds (shared
+        # memory, UDPv4), only with a larger segment.
+        with camera_dds():
+            attempt("load the camera Fast DDS profile", lambda _ros: None)
+    if (full or args.only == "camera") and not args.no_floors:
+        # the 30 Hz image echo once more before the other scenarios: beside the one after the
+        # camera scenarios it shows whether image delivery changed during the run
+        with camera_dds():
+            r = attempt(
+                "floor image echo at 30 Hz, first", run_floor_image, args, 200, log_dir, CAMERA_HZ
+            )
+        if r is not None:
+            floors["image_echo_30hz_first"] = r
     # start-up first: the cold one is then the first node start of this run
     if not args.no_startup and (full or args.only == "start"):
         import tempfile
@@ -1679,23 +1730,6 @@ def main() -> int:
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
     cam = cam_frames = intake = None
-    cam_profile = None if args.camera_fastdds_profile == "none" else args.camera_fastdds_profile
-
-    @contextlib.contextmanager
-    def camera_dds():
-        """The camera scenario's Fast DDS profile in os.environ (children inherit it; each
-        attempt's context is new, so this process's own participant has it too)."""
-        old = os.environ.get(PROFILE_VAR)
-        if cam_profile is not None:
-            os.environ[PROFILE_VAR] = cam_profile
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(PROFILE_VAR, None)
-            else:
-                os.environ[PROFILE_VAR] = old
-
     if full or args.only == "camera":
         n_pairs = args.camera_samples or (30 if q else 500)
         with camera_dds():
@@ -1779,6 +1813,7 @@ def main() -> int:
         "quick": q,
         "errors": errors,
         "floors_retried": retried,
+        "attempts": attempts,
         "torch": torch.__version__,
         "host": platform.node(),
         "cpus": os.cpu_count(),

@@ -1022,6 +1022,7 @@ def run_camera(
         "camera_to_action_p50_us": s["p50_us"],
         "camera_to_action_p99_us": s["p99_us"],
         **{k: s[k] for k in ("cb_p50_us", "cb_p99_us", "dds_p50_us", "dds_p99_us")},
+        "p50_us_by_50": s["p50_us_by_50"],
         "fresh": {**f, "missed": missed["fresh"]} if probe else None,
         **split,
         "streamer": info,

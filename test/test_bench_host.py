@@ -107,3 +107,32 @@ def test_thread_sampler_sees_a_thread_on_a_core_of_its_own() -> None:
     shared = s.core_sharing()
     assert list(shared.values()) == [0.0], shared
     assert not any(k.endswith(f"/{pid}") for k in shared)  # the busiest is not rated
+
+
+def test_net_shm_load_sees_dropped_datagrams_and_fast_dds_files(tmp_path) -> None:
+    """What ros_bench records around each scenario: a datagram dropped for a full receive
+    buffer shows in RcvbufErrors, and only Fast DDS's files in the shared-memory folder count."""
+    import socket
+
+    from bench.host_facts import net_shm_delta, net_shm_load
+
+    (tmp_path / "fastdds_0123").write_bytes(b"x" * 100)
+    (tmp_path / "sem.fastdds_port7000_mutex").write_bytes(b"x" * 32)
+    (tmp_path / "other").write_bytes(b"x" * 5000)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # the kernel's minimum
+        rx.bind(("127.0.0.1", 0))
+        before = net_shm_load(tmp_path)
+        for _ in range(200):  # never read: the buffer fills and the rest are dropped
+            tx.sendto(b"y" * 1200, rx.getsockname())
+        d = net_shm_delta(before, net_shm_load(tmp_path))
+    finally:
+        rx.close()
+        tx.close()
+    if not before["udp"]:
+        pytest.skip("no /proc/net/snmp here")
+    assert d["udp"].get("RcvbufErrors", 0) >= 100
+    assert d["udp"].get("OutDatagrams", 0) >= 200
+    assert d["shm_files"] == [2, 2] and before["shm_bytes"] == 132

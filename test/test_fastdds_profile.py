@@ -107,6 +107,46 @@ def test_without_it_fast_dds_maps_its_small_default_segment_and_a_broken_file_is
     assert "XMLPARSER" in err  # so the check of the good file's stderr can fail
 
 
+LONE = r"""
+import os, sys, rclpy
+if sys.argv[1] == "late":  # a participant first, and only then the profile named in os.environ
+    rclpy.init()
+    rclpy.create_node("before_the_profile").destroy_node()
+    rclpy.shutdown()
+    os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = sys.argv[2]
+rclpy.init()
+node = rclpy.create_node("after")
+sizes = [0]
+for line in open("/proc/self/maps"):  # alone in its domain: every segment mapped is its own
+    if "/dev/shm/fastdds" in line and "_el" not in line and "port" not in line:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        sizes.append(hi - lo)
+print("LARGEST", max(sizes), flush=True)
+node.destroy_node()
+rclpy.shutdown()
+"""
+
+
+@pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
+def test_a_profile_named_after_the_first_participant_is_not_used():
+    """Fast DDS reads the variable once per process, at its first participant: why the README
+    says to export it before the process starts, and why bench/ros_bench.py loads it first
+    (its full runs sent every image the slow way after an earlier scenario)."""
+    env = {k: v for k, v in os.environ.items() if k != PROFILE_VAR}
+
+    def largest(how: str, extra: dict) -> int:
+        r = subprocess.run(
+            [sys.executable, "-c", LONE, how, str(PROFILE)], env={**env, **extra}, text=True,
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        words = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("LARGEST")]
+        assert r.returncode == 0 and words, r.stderr[-2000:]
+        return int(words[0][1])
+
+    assert largest("first", {PROFILE_VAR: str(PROFILE)}) >= SEGMENT  # named before: in use
+    assert 0 < largest("late", {}) < SEGMENT  # named after a participant: the default segment
+
+
 def test_the_launch_choice_of_profile(tmp_path):
     default = str(PROFILE)
     assert fastdds_env("auto", {}, default) == {PROFILE_VAR: default}

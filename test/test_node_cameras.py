@@ -169,6 +169,10 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert d["camera.top.encoding"] == "rgb8" and d["camera.wrist.encoding"] == "bgr8"
     assert d["camera.top.prestaged"] == "0", d  # on the CPU the step reads what it stages
     assert 0.0 <= float(d["camera.top.age_s"]) < 5.0, d
+    # where the accepted images' way in went: waiting to be taken, and taken to acknowledged
+    assert 0.0 <= float(d["camera.top.wait_p50_us"]) < 5e6, d
+    assert 0.0 < float(d["camera.wrist.handle_p50_us"]) < 5e6, d
+    assert "camera.top.prestage_p50_us" not in d, d  # nothing prestaged on the CPU
     assert int(d["refused_inputs"]) == 1 + 6, d  # the stale trigger and the six bad images
     assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera
     log = proc.log_tail(200)

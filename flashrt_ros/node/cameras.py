@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -43,6 +43,7 @@ import numpy as np
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node.inputs import InputLoop
 from flashrt_ros.node.polled import take
+from flashrt_ros.node.stats import Ring
 from flashrt_ros.obs.images import COMPRESSED, camera_key, decode_compressed, image_array
 
 try:  # rosbags (requirements.txt) decodes; without it, rclpy's own conversion is used
@@ -89,6 +90,12 @@ class Camera:
     superseded: int = 0  # compressed: frames not decoded, a newer one was queued behind them
     decode_ms: float = 0.0  # compressed: the last frames' decode time (moving average)
     last_refusal: str = ""
+    # where an image's way in goes, per accepted image (us; /diagnostics p50s): reception by the
+    # middleware -> taken (the wait for the thread, and the take's copy); the copy into the
+    # staging buffer (prestage); taken -> acknowledged (decode, checks, prestage, the ack)
+    wait_us: Ring = field(default_factory=lambda: Ring(256))
+    prestage_us: Ring = field(default_factory=lambda: Ring(256))
+    handle_us: Ring = field(default_factory=lambda: Ring(256))
 
 
 def warm_decoder() -> None:
@@ -256,6 +263,7 @@ class Cameras:
 
     def on_image(self, cam: Camera, msg, age: float = 0.0) -> bool:
         """Check one message; a valid one becomes the camera's newest image. False if refused."""
+        t0 = time.perf_counter()
         cam.received += 1
         what = f"camera {cam.name!r}"
         try:
@@ -264,7 +272,10 @@ class Cameras:
             img = image_array(msg, cam.shape, cam.encoding, what)
         except BadRequest as e:
             return self._refused(cam, e)
-        return self._accepted(cam, img, age)
+        ok = self._accepted(cam, img, age)
+        cam.wait_us.add(age * 1e6)
+        cam.handle_us.add((time.perf_counter() - t0) * 1e6)
+        return ok
 
     def on_compressed(self, cam: Camera, msg, age: float = 0.0, superseded: int = 0) -> bool:
         """A compressed camera's newest frame (on the decode thread), after `superseded` older
@@ -301,8 +312,11 @@ class Cameras:
         cam.latest, cam.latest_t = img, time.monotonic() - age
         cam.received += count
         cam.accepted += 1
-        if self._prestage is not None and self._prestage(cam.key, img):
-            cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
+        if self._prestage is not None:
+            t0 = time.perf_counter()
+            if self._prestage(cam.key, img):
+                cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
+                cam.prestage_us.add((time.perf_counter() - t0) * 1e6)
         self._publish_seen()  # observation mode: acknowledged
         if self._on_new is not None and cam.compressed:
             self._on_new()  # the node's step_on: this frame may complete a frame set
@@ -358,6 +372,11 @@ class Cameras:
                 kv[p + "decode_ms"] = f"{c.decode_ms:.2f}"
                 kv[p + "superseded"] = str(c.superseded)
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
+            for name, ring in (
+                ("wait", c.wait_us), ("prestage", c.prestage_us), ("handle", c.handle_us)
+            ):  # fmt: skip
+                if ring.n:
+                    kv[p + name + "_p50_us"] = f"{ring.pct(50):.1f}"
             kv[p + "encoding"] = c.encoding
             kv[p + "last_refusal"] = c.last_refusal
         return kv

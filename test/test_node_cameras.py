@@ -177,6 +177,7 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera
     log = proc.log_tail(200)
     assert "refused input:" in log and log.count("refused input:") < 7  # warned, throttled
+    assert "malloc: blocks up to 32 MiB from the heap" in proc.log_tail(10**6)  # node/memory.py
 
     # ~/rollout carries rows of floats, no images: refused, saying why and what to do instead
     r = c.call("rollout", n_steps=1, observations=[float(v) for v in obs[0]])

@@ -99,7 +99,9 @@ def main(args: Sequence[str] | None = None) -> int:
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts)
     from flashrt_ros.node import bytecode
+    from flashrt_ros.node.memory import tune_malloc
 
+    malloc_note = tune_malloc()  # before the first image is allocated (memory.py says why)
     bytecode_note = bytecode.enable()  # before torch is imported (bytecode.py says why)
     # One OpenMP thread per thread, unless the user exported a count, set before torch loads
     # OpenMP: its thread count is kept per calling thread, so the Engine's set_num_threads(1)
@@ -139,6 +141,7 @@ def main(args: Sequence[str] | None = None) -> int:
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
             node.context_warmer = warmer
+            node.get_logger().info(malloc_note)
             if bytecode_note:
                 node.get_logger().info(bytecode_note)
         except ParamError as e:

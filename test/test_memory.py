@@ -82,8 +82,9 @@ def faults_per_take(topic: str, malloc: str | None) -> list[int]:
 def test_an_image_take_faults_no_pages_in_with_the_thresholds():
     tuned = statistics.median(faults_per_take("memory_tuned", None))
     default = statistics.median(faults_per_take("memory_default", "default"))
-    assert tuned <= 5, tuned
-    assert default > 50, default  # what the thresholds remove (so this test can tell)
+    assert tuned <= 5 and tuned <= default, (tuned, default)
+    # with the defaults it was ~640 here (glibc 2.36, the 2-core CPU machine); not asserted:
+    # how many another C library or rmw faults in is theirs, not this package's behaviour
 
 
 def test_the_opt_out_and_the_log_line():

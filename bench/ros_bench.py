@@ -1606,7 +1606,7 @@ def main() -> int:
         return 2
     import torch
 
-    from bench.host_facts import cpu_model, net_shm_delta, net_shm_load
+    from bench.host_facts import cpu_model, fastdds_segment_bytes, net_shm_delta, net_shm_load
 
     log(
         f"device {args.device}, rates {rates} ({args.seconds} s each, 1 kHz "
@@ -1647,7 +1647,8 @@ def main() -> int:
     def camera_dds():
         """The camera scenario's Fast DDS profile in os.environ, which the processes started
         under it inherit. Not this process: Fast DDS reads the variable once, at its first
-        participant, and keeps what it read (dds_profile_first below)."""
+        participant, and keeps what it read (the "load the camera Fast DDS profile" attempt
+        below)."""
         old = os.environ.get(PROFILE_VAR)
         if cam_profile is not None:
             os.environ[PROFILE_VAR] = cam_profile
@@ -1660,6 +1661,7 @@ def main() -> int:
                 os.environ[PROFILE_VAR] = old
 
     full = args.only is None
+    profile_segment = None  # the bench process's own Fast DDS segment once the profile is loaded
     if cam_profile is not None and (full or args.only == "camera"):
         # This process publishes the camera scenarios' images, so its participants need the
         # profile, and Fast DDS loads profiles once per process, at the first participant: one
@@ -1670,7 +1672,10 @@ def main() -> int:
         # it, before any scenario; the profile keeps the built-in transports' kinds (shared
         # memory, UDPv4), only with a larger segment.
         with camera_dds():
-            attempt("load the camera Fast DDS profile", lambda _ros: None)
+            seg = attempt("load the camera Fast DDS profile", lambda _ros: fastdds_segment_bytes())
+        note = "" if seg is None or seg >= 8 << 20 else " (WARNING: not the profile's 8 MiB)"
+        log(f"camera Fast DDS profile {cam_profile}: this process's segment {seg} B{note}")
+        profile_segment = seg
     if (full or args.only == "camera") and not args.no_floors:
         # the 30 Hz image echo once more before the other scenarios: beside the one after the
         # camera scenarios it shows whether image delivery changed during the run
@@ -1792,6 +1797,7 @@ def main() -> int:
         "camera_to_action_p99_us": dig(cam, "camera_to_action_p99_us"),
         "camera_compressed": bool(args.camera_compressed),
         "camera_fastdds_profile": cam_profile,
+        "camera_fastdds_segment_bytes": profile_segment,
         "camera": with_image_floor(cam, floors, args.camera_compressed),
         "camera_frames_to_action_p50_us": dig(cam_frames, "camera_to_action_p50_us"),
         "camera_frames_to_action_p99_us": dig(cam_frames, "camera_to_action_p99_us"),

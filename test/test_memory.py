@@ -31,11 +31,12 @@ rclpy.init()
 node = rclpy.create_node("memory_" + role)
 deadline = time.monotonic() + 30
 if role == "pub":
-    pub = node.create_publisher(Image, topic, 10)
+    pub = node.create_publisher(Image, topic, 100)
     msg = Image(height=480, width=640, encoding="rgb8", step=640 * 3)
     msg.data = bytes(range(256)) * (640 * 480 * 3 // 256)
     while pub.get_subscription_count() < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(0.5)  # the match completes on the subscriber's side too
     for _ in range(80):
         pub.publish(msg)
         time.sleep(0.01)
@@ -59,7 +60,8 @@ rclpy.shutdown()
 """
 
 
-def faults_per_take(topic: str, malloc: str | None) -> list[int]:
+def faults_per_take(topic: str, malloc: str | None) -> tuple[list[int], str]:
+    """(minor page faults of each take after the first ten, the subscriber's malloc note)."""
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if malloc is not None:
         env[ENV] = malloc
@@ -68,20 +70,28 @@ def faults_per_take(topic: str, malloc: str | None) -> list[int]:
         [sys.executable, "-c", PEER, "sub", topic, *args], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    pub = subprocess.run(
-        [sys.executable, "-c", PEER, "pub", topic, *args], env=env, text=True,
-        capture_output=True, timeout=60,
-    )  # fmt: skip
-    out, err = sub.communicate(timeout=60)
-    words = next((ln.split()[1:] for ln in out.splitlines() if ln.startswith("FAULTS")), None)
+    try:
+        pub = subprocess.run(
+            [sys.executable, "-c", PEER, "pub", topic, *args], env=env, text=True,
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        out, err = sub.communicate(timeout=60)
+    finally:
+        sub.kill()
+    lines = out.splitlines()
+    words = next((ln.split()[1:] for ln in lines if ln.startswith("FAULTS")), None)
+    note = next((ln[5:] for ln in lines if ln.startswith("NOTE ")), "")
     assert words and len(words) >= 40, (out + err + pub.stderr)[-2000:]
-    return [int(w) for w in words[10:]]  # the first takes warm the heap up
+    return [int(w) for w in words[10:]], note  # the first takes warm the heap up
 
 
 @pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
 def test_an_image_take_faults_no_pages_in_with_the_thresholds():
-    tuned = statistics.median(faults_per_take("memory_tuned", None))
-    default = statistics.median(faults_per_take("memory_default", "default"))
+    faults, note = faults_per_take("memory_tuned", None)
+    if not note.startswith("malloc: blocks up to"):
+        pytest.skip(f"the thresholds are not set here: {note}")
+    tuned = statistics.median(faults)
+    default = statistics.median(faults_per_take("memory_default", "default")[0])
     assert tuned <= 5 and tuned <= default, (tuned, default)
     # with the defaults it was ~640 here (glibc 2.36, the 2-core CPU machine); not asserted:
     # how many another C library or rmw faults in is theirs, not this package's behaviour

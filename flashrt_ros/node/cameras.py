@@ -90,9 +90,10 @@ class Camera:
     superseded: int = 0  # compressed: frames not decoded, a newer one was queued behind them
     decode_ms: float = 0.0  # compressed: the last frames' decode time (moving average)
     last_refusal: str = ""
-    # where an image's way in goes, per accepted image (us; /diagnostics p50s): reception by the
-    # middleware -> taken (the wait for the thread, and the take's copy); the copy into the
-    # staging buffer (prestage); taken -> acknowledged (decode, checks, prestage, the ack)
+    # where an image's way in goes (us; /diagnostics p50s): per accepted raw image, reception
+    # by the middleware -> taken (the wait for the thread, and the take's copy; only where the
+    # middleware stamps receptions) and taken -> acknowledged (decode, checks, prestage, the
+    # ack); per prestaged image, raw or compressed, the copy into the staging buffer
     wait_us: Ring = field(default_factory=lambda: Ring(256))
     prestage_us: Ring = field(default_factory=lambda: Ring(256))
     handle_us: Ring = field(default_factory=lambda: Ring(256))
@@ -273,7 +274,8 @@ class Cameras:
         except BadRequest as e:
             return self._refused(cam, e)
         ok = self._accepted(cam, img, age)
-        cam.wait_us.add(age * 1e6)
+        if age > 0.0:  # 0.0: no reception stamp (polled.take)
+            cam.wait_us.add(age * 1e6)
         cam.handle_us.add((time.perf_counter() - t0) * 1e6)
         return ok
 

@@ -116,12 +116,9 @@ if sys.argv[1] == "late":  # a participant first, and only then the profile name
     os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = sys.argv[2]
 rclpy.init()
 node = rclpy.create_node("after")
-sizes = [0]
-for line in open("/proc/self/maps"):  # alone in its domain: every segment mapped is its own
-    if "/dev/shm/fastdds" in line and "_el" not in line and "port" not in line:
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        sizes.append(hi - lo)
-print("LARGEST", max(sizes), flush=True)
+sys.path.insert(0, sys.argv[3])
+from bench.host_facts import fastdds_segment_bytes  # alone in its domain: its own segment
+print("LARGEST", fastdds_segment_bytes(), flush=True)
 node.destroy_node()
 rclpy.shutdown()
 """
@@ -136,7 +133,8 @@ def test_a_profile_named_after_the_first_participant_is_not_used():
 
     def largest(how: str, extra: dict) -> int:
         r = subprocess.run(
-            [sys.executable, "-c", LONE, how, str(PROFILE)], env={**env, **extra}, text=True,
+            [sys.executable, "-c", LONE, how, str(PROFILE), str(REPO_ROOT)],
+            env={**env, **extra}, text=True,
             capture_output=True, timeout=60,
         )  # fmt: skip
         words = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("LARGEST")]

@@ -4,8 +4,8 @@ Taking a 921,600-byte image from rclpy (raw or as a message) allocates buffers o
 and frees them again, several per message. With glibc's defaults the freed top of the heap is
 given back to the kernel each time (brk, about four calls per message) and the next message
 faults its pages in afresh, zeroed: on the 2-core CPU machine the take of one 640x480 rgb8
-image took 1.6-1.8 ms this way and 0.26-0.33 ms with the thresholds below (ad hoc probes; the
-page faults are what test/test_memory.py counts; bench/results/latest.md, 2026-12-02 third
+image took 1.98-2.07 ms this way and 0.30-0.36 ms with the thresholds below (bench/take_probe.py;
+the page faults are what test/test_memory.py counts; bench/results/latest.md, 2026-12-02 third
 part, has the GPU machine's runs). Keeping large freed blocks is the usual memory setting of
 a real-time process. The price: each malloc arena (the main heap, and one per thread that
 allocates, up to 8 per core) may keep up to TRIM_THRESHOLD of freed memory at its top.

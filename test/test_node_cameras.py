@@ -172,6 +172,12 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     # where the accepted images' way in went: waiting to be taken, and taken to acknowledged
     assert 0.0 <= float(d["camera.top.wait_p50_us"]) < 5e6, d
     assert 0.0 < float(d["camera.wrist.handle_p50_us"]) < 5e6, d
+    # handle's parts, each within it (the same images): the decode and checks, the ack
+    for cam in ("top", "wrist"):
+        handle = float(d[f"camera.{cam}.handle_p50_us"])
+        assert 0.0 < float(d[f"camera.{cam}.decode_p50_us"]) <= handle, d
+        assert 0.0 < float(d[f"camera.{cam}.ack_p50_us"]) <= handle, d
+    assert 0.0 <= float(d["camera.prestage_lock_wait_p50_us"]) < 5e6, d  # tried, on the CPU too
     assert "camera.top.prestage_p50_us" not in d, d  # nothing prestaged on the CPU
     assert int(d["refused_inputs"]) == 1 + 6, d  # the stale trigger and the six bad images
     assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera

@@ -93,10 +93,13 @@ class Camera:
     # where an image's way in goes (us; /diagnostics p50s): per accepted raw image, reception
     # by the middleware -> taken (the wait for the thread, and the take's copy; only where the
     # middleware stamps receptions) and taken -> acknowledged (decode, checks, prestage, the
-    # ack); per prestaged image, raw or compressed, the copy into the staging buffer
+    # ack), split into the decode and checks, the prestage (per prestaged image, raw or
+    # compressed: the engine lock and the copy into the staging buffer) and the ack's publish
     wait_us: Ring = field(default_factory=lambda: Ring(256))
-    prestage_us: Ring = field(default_factory=lambda: Ring(256))
     handle_us: Ring = field(default_factory=lambda: Ring(256))
+    decode_us: Ring = field(default_factory=lambda: Ring(256))
+    prestage_us: Ring = field(default_factory=lambda: Ring(256))
+    ack_us: Ring = field(default_factory=lambda: Ring(256))
 
 
 def warm_decoder() -> None:
@@ -156,6 +159,9 @@ class Cameras:
         # calls it once it has taken all it found: inputs.InputLoop after_drain)
         self._on_new = None if polled else on_new
         self._seen_lock = threading.Lock()  # the decode thread acknowledges frames too
+        # the wait for the engine lock inside each prestage (the node's prestage records it):
+        # a step or a service holding it shows here, not in the copy
+        self.prestage_lock_us = Ring(256)
         self.cams: list[Camera] = []
         self._decoders: list[DecodeLoop] = []  # a thread per compressed camera (start_decoding)
         self._node = node
@@ -273,6 +279,7 @@ class Cameras:
             img = image_array(msg, cam.shape, cam.encoding, what)
         except BadRequest as e:
             return self._refused(cam, e)
+        cam.decode_us.add((time.perf_counter() - t0) * 1e6)
         ok = self._accepted(cam, img, age)
         if age > 0.0:  # 0.0: no reception stamp (polled.take)
             cam.wait_us.add(age * 1e6)
@@ -295,6 +302,7 @@ class Cameras:
         except BadRequest as e:
             return self._refused(cam, e, count=1 + superseded)
         took = time.perf_counter() - t0
+        cam.decode_us.add(took * 1e6)
         ms = took * 1e3
         cam.decode_ms = ms if cam.decode_ms == 0.0 else 0.9 * cam.decode_ms + 0.1 * ms
         # its age from reception, the decode included
@@ -319,7 +327,10 @@ class Cameras:
             if self._prestage(cam.key, img):
                 cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
                 cam.prestage_us.add((time.perf_counter() - t0) * 1e6)
-        self._publish_seen()  # observation mode: acknowledged
+        if self._seen_pub is not None:
+            t0 = time.perf_counter()
+            self._publish_seen()  # observation mode: acknowledged
+            cam.ack_us.add((time.perf_counter() - t0) * 1e6)
         if self._on_new is not None and cam.compressed:
             self._on_new()  # the node's step_on: this frame may complete a frame set
         return True
@@ -363,6 +374,8 @@ class Cameras:
 
     def diagnostics(self, now: float) -> dict[str, str]:
         kv = {}
+        if self.prestage_lock_us.n:
+            kv["camera.prestage_lock_wait_p50_us"] = f"{self.prestage_lock_us.pct(50):.1f}"
         for c in self.cams:
             p = f"camera.{c.name}."
             kv[p + "received"] = str(c.received)
@@ -375,7 +388,8 @@ class Cameras:
                 kv[p + "superseded"] = str(c.superseded)
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
             for name, ring in (
-                ("wait", c.wait_us), ("prestage", c.prestage_us), ("handle", c.handle_us)
+                ("wait", c.wait_us), ("handle", c.handle_us), ("decode", c.decode_us),
+                ("prestage", c.prestage_us), ("ack", c.ack_us),
             ):  # fmt: skip
                 if ring.n:
                     kv[p + name + "_p50_us"] = f"{ring.pct(50):.1f}"

@@ -589,8 +589,10 @@ class FlashrtNode(LifecycleNode):
         steps, or on the decode thread for a compressed camera; under the engine lock, so between
         two steps), so the step on the next joint_states does not copy it (Engine.prestage; on
         CUDA only). Anything that goes wrong here only means the step stages it itself."""
-        ctl = self.control
+        ctl, t0 = self.control, time.perf_counter()
         with ctl.lock:
+            if (cams := self._cams) is not None:
+                cams.prestage_lock_us.add((time.perf_counter() - t0) * 1e6)
             eng = ctl.engine
             if eng is None or not self.active:
                 return False

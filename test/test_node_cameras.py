@@ -172,12 +172,13 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     # where the accepted images' way in went: waiting to be taken, and taken to acknowledged
     assert 0.0 <= float(d["camera.top.wait_p50_us"]) < 5e6, d
     assert 0.0 < float(d["camera.wrist.handle_p50_us"]) < 5e6, d
-    # handle's parts, each within it (the same images): the decode and checks, the ack
+    # handle's part that is not the prestage, within it (the same images): decode and checks
     for cam in ("top", "wrist"):
-        handle = float(d[f"camera.{cam}.handle_p50_us"])
-        assert 0.0 < float(d[f"camera.{cam}.decode_p50_us"]) <= handle, d
-        assert 0.0 < float(d[f"camera.{cam}.ack_p50_us"]) <= handle, d
+        assert (
+            0.0 < float(d[f"camera.{cam}.decode_p50_us"]) <= float(d[f"camera.{cam}.handle_p50_us"])
+        )
     assert 0.0 <= float(d["camera.prestage_lock_wait_p50_us"]) < 5e6, d  # tried, on the CPU too
+    assert 0.0 < float(d["camera.ack_p50_us"]) < 5e6, d  # the acknowledgements' publish
     assert "camera.top.prestage_p50_us" not in d, d  # nothing prestaged on the CPU
     assert int(d["refused_inputs"]) == 1 + 6, d  # the stale trigger and the six bad images
     assert cams.seen == [10, 5, 6, 5]  # received, accepted per camera
@@ -286,6 +287,7 @@ def test_the_node_decodes_serialized_images_like_rclpy(encoding, shape, step, fr
 
     from flashrt_ros.node.cameras import decode_image
     from flashrt_ros.obs.images import image_array
+    from flashrt_ros.runtime.inputs import immutable
 
     rng = np.random.default_rng(7)
     img = rng.integers(0, 256, shape, dtype=np.uint8)
@@ -299,12 +301,16 @@ def test_the_node_decodes_serialized_images_like_rclpy(encoding, shape, step, fr
     msg = image_msg(img, encoding, step=step, data=data)
     msg.header.frame_id = frame
     msg.header.stamp.sec, msg.header.stamp.nanosec = 17, 123
-    got = decode_image(serialize_message(msg))
+    raw = serialize_message(msg)
+    got = decode_image(raw)
     assert (got.height, got.width, got.encoding, got.step) == (H, W, encoding, msg.step)
     assert (got.header.frame_id, got.header.stamp.sec, got.header.stamp.nanosec) == (frame, 17, 123)
     a = image_array(got, (H, W, c), encoding)
     b = image_array(msg, (H, W, c), encoding)
     assert np.array_equal(a, b) and np.array_equal(a.reshape(img.shape), img)
+    # a view over the received bytes, which never change: no copy of the image on the way in,
+    # and the staging buffer may keep it (runtime/inputs.py immutable)
+    assert np.shares_memory(a, np.frombuffer(raw, np.uint8)) and immutable(a)
 
 
 def test_a_payload_that_is_not_an_image_is_refused():

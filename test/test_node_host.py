@@ -458,3 +458,41 @@ def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
         stopped = loop.stop(timeout=2.0)
     assert stopped and time.monotonic() - t0 < 1.0 and not loop.running
     loop.close()
+
+
+def test_the_inputs_loop_acknowledges_a_round_of_images_once_before_its_step(ros, owner):
+    """The cameras' acknowledgement (cameras.py Cameras.acknowledge) is called after the inputs'
+    loop has taken every queued message of its drained inputs and before the stepping message:
+    two images queued together are acknowledged once, and before the step that uses them."""
+    from std_msgs.msg import Float64MultiArray
+
+    from flashrt_ros.node.inputs import InputLoop
+    from flashrt_ros.node.polled import PolledGroup
+
+    seq: list[str] = []
+    subs, pubs = [], []
+    for name in ("top", "wrist", "joint_states"):
+        cb = lambda msg, age=0.0, name=name: seq.append(name)  # noqa: E731
+        subs.append(
+            owner.create_subscription(Float64MultiArray, name, cb, 10, callback_group=PolledGroup())
+        )
+        pubs.append(ros.node.create_publisher(Float64MultiArray, f"/{name}", 10))
+    loop = InputLoop(
+        owner.context, owner.get_logger(), subs[:2], subs[2], acknowledge=lambda: seq.append("ack")
+    )
+    try:
+        t_end = time.monotonic() + 10.0
+        while any(p.get_subscription_count() == 0 for p in pubs) and time.monotonic() < t_end:
+            time.sleep(0.01)
+        for p in pubs:  # all three queued before the loop's first wait
+            p.publish(Float64MultiArray(data=[1.0]))
+        time.sleep(1.0)  # delivered on loopback
+        loop.start()
+        assert _grows(seq, 4), seq
+        assert seq[:4] == ["top", "wrist", "ack", "joint_states"], seq
+    finally:
+        loop.close()
+        for s in subs:
+            owner.destroy_subscription(s)
+        for p in pubs:
+            ros.node.destroy_publisher(p)

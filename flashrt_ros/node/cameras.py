@@ -11,13 +11,14 @@ message in another encoding would need another graph, so it is refused like a wr
 The subscriptions take the serialized message (`raw=True`) and decode it with the rosbags
 typestore that replay uses: rclpy's own conversion builds the Python message field by field,
 about 0.74 ms for a 640x480 rgb8 image on the 2-core CPU machine, on the thread that takes it and
-under the GIL, while the decoded one is a numpy view over the received bytes (51 us). A valid
-image is kept as that view, no copy; it is copied once into the pinned staging buffer that the
-captured graph uploads (runtime/inputs.py InputBuffers.stage): by `Engine.prestage` as it
-arrives in observation mode on CUDA, else by the step. Rows padded past width x channels (`step`
-larger than the row) are taken as a strided view: still one copy, by numpy. A payload that does
-not decode is refused like a wrong size. Where rosbags is not installed the subscriptions fall
-back to rclpy's messages.
+under the GIL, while the decoded one is a numpy view over the received bytes (9 us;
+decode_message says why it hands rosbags a memoryview). A valid image is kept as that view, no
+copy; it is copied once into the pinned staging buffer that the captured graph uploads
+(runtime/inputs.py InputBuffers.stage): by `Engine.prestage` as it arrives in observation mode
+on CUDA, else by the step. Rows padded past width x channels (`step` larger than the row) are
+taken as a strided view: still one copy, by numpy. A payload that does not decode is refused
+like a wrong size. Where rosbags is not installed the subscriptions fall back to rclpy's
+messages.
 
 `name:compressed` subscribes `camera/<name>/image_raw/compressed` (sensor_msgs/CompressedImage)
 instead. Its frames are taken and decoded (JPEG or PNG, obs/images.py decode_compressed) by a
@@ -58,8 +59,12 @@ COMPRESSED_TYPE = "sensor_msgs/msg/CompressedImage"
 def decode_message(raw: bytes, type_name: str = IMAGE_TYPE, what: str = "image"):
     """A serialized sensor_msgs/Image or CompressedImage (CDR) as a message whose `data` is a
     numpy view over `raw`; BadRequest when it does not decode."""
+    # a memoryview, not the bytes: rosbags slices off the 4-byte header, and a slice of bytes
+    # is a copy of the whole image (~30 us on the CPU machine, ~100 us on the H200's host),
+    # where a slice of a memoryview is a view (the image then stays a view over `raw`)
+    view = memoryview(raw) if isinstance(raw, bytes) else raw
     try:
-        return typestore().deserialize_cdr(raw, type_name)
+        return typestore().deserialize_cdr(view, type_name)
     except Exception as e:  # noqa: BLE001 - whatever the decoder raises on a bad payload
         short = type_name.rsplit("/", 1)[-1]
         raise BadRequest(f"{what}: not a sensor_msgs/{short} ({type(e).__name__}: {e})") from None
@@ -92,14 +97,13 @@ class Camera:
     last_refusal: str = ""
     # where an image's way in goes (us; /diagnostics p50s): per accepted raw image, reception
     # by the middleware -> taken (the wait for the thread, and the take's copy; only where the
-    # middleware stamps receptions) and taken -> acknowledged (decode, checks, prestage, the
-    # ack), split into the decode and checks, the prestage (per prestaged image, raw or
-    # compressed: the engine lock and the copy into the staging buffer) and the ack's publish
+    # middleware stamps receptions) and taken -> handled, split into the decode and checks and
+    # the prestage (per prestaged image, raw or compressed: the engine lock and the copy into
+    # the staging buffer); the acknowledgement after it is Cameras.ack_us
     wait_us: Ring = field(default_factory=lambda: Ring(256))
     handle_us: Ring = field(default_factory=lambda: Ring(256))
     decode_us: Ring = field(default_factory=lambda: Ring(256))
     prestage_us: Ring = field(default_factory=lambda: Ring(256))
-    ack_us: Ring = field(default_factory=lambda: Ring(256))
 
 
 def warm_decoder() -> None:
@@ -133,7 +137,11 @@ class Cameras:
     copies it into the engine's staging buffer then, between steps); there every message
     handled is acknowledged on `~/camera_seen` (latched std_msgs/UInt64MultiArray: received and
     accepted per camera, in `cameras` order), so a lockstep replay knows the node holds an image
-    before it sends the joint_states that steps on it. A compressed camera's accepted frame then
+    before it sends the joint_states that steps on it. The raw cameras' images are acknowledged
+    once per round of the inputs' loop (`acknowledge`, after it has taken every image queued),
+    not once per image: each publish costs ~100 us of that thread on the H200 machine, and
+    the second camera's image, queued behind the first, waited for the first one's (f32f784:
+    ack 94-139 us p50). A compressed camera's accepted frame is acknowledged at once, then
     calls `on_new` (the node's step_on, when cameras step), on its decode thread: the
     acknowledgement goes out before the step it may start."""
 
@@ -159,6 +167,8 @@ class Cameras:
         # calls it once it has taken all it found: inputs.InputLoop after_drain)
         self._on_new = None if polled else on_new
         self._seen_lock = threading.Lock()  # the decode thread acknowledges frames too
+        self._ack_due = False  # a raw image was handled since the last acknowledgement
+        self.ack_us = Ring(256)  # each raw images' acknowledgement's publish
         # the wait for the engine lock inside each prestage (the node's prestage records it):
         # a step or a service holding it shows here, not in the copy
         self.prestage_lock_us = Ring(256)
@@ -314,7 +324,7 @@ class Cameras:
         cam.refused += 1
         cam.last_refusal = str(e)
         self._refuse(str(e))
-        self._publish_seen()  # observation mode: acknowledged
+        self._acknowledged(cam)
         return False
 
     def _accepted(self, cam: Camera, img: np.ndarray, age: float, count: int = 0) -> bool:
@@ -327,21 +337,37 @@ class Cameras:
             if self._prestage(cam.key, img):
                 cam.prestaged += 1  # copied now, not in the step (Engine.prestage)
                 cam.prestage_us.add((time.perf_counter() - t0) * 1e6)
-        if self._seen_pub is not None:
-            t0 = time.perf_counter()
-            self._publish_seen()  # observation mode: acknowledged
-            cam.ack_us.add((time.perf_counter() - t0) * 1e6)
+        self._acknowledged(cam)
         if self._on_new is not None and cam.compressed:
             self._on_new()  # the node's step_on: this frame may complete a frame set
         return True
 
-    def _publish_seen(self) -> None:
-        """Acknowledge on ~/camera_seen (observation mode; nothing in polled mode)."""
+    def _acknowledged(self, cam: Camera) -> None:
+        """A compressed frame is acknowledged now (on its decode thread); a raw image by the
+        next `acknowledge`, at the end of the inputs' loop's round."""
+        if cam.compressed:
+            self._publish_seen()
+        else:
+            self._ack_due = True
+
+    def acknowledge(self) -> None:
+        """Publish one acknowledgement for the raw images handled since the last one (the
+        inputs' loop calls it after each round of its drained inputs, before any step)."""
+        if not self._ack_due:
+            return
+        self._ack_due = False
+        t0 = time.perf_counter()
+        if self._publish_seen():
+            self.ack_us.add((time.perf_counter() - t0) * 1e6)
+
+    def _publish_seen(self) -> bool:
+        """Acknowledge on ~/camera_seen (observation mode; nothing in polled mode, False)."""
         with self._seen_lock:  # the decode thread too; close() clears the publisher under it
             if self._seen_pub is None:
-                return
+                return False
             self._seen.data = [v for c in self.cams for v in (c.received, c.accepted)]
             self._seen_pub.publish(self._seen)
+            return True
 
     def take(self) -> None:
         """Polled mode: handle every queued message of every uncompressed camera (newest valid
@@ -374,8 +400,9 @@ class Cameras:
 
     def diagnostics(self, now: float) -> dict[str, str]:
         kv = {}
-        if self.prestage_lock_us.n:
-            kv["camera.prestage_lock_wait_p50_us"] = f"{self.prestage_lock_us.pct(50):.1f}"
+        for name, ring in (("prestage_lock_wait", self.prestage_lock_us), ("ack", self.ack_us)):
+            if ring.n:
+                kv[f"camera.{name}_p50_us"] = f"{ring.pct(50):.1f}"
         for c in self.cams:
             p = f"camera.{c.name}."
             kv[p + "received"] = str(c.received)
@@ -389,7 +416,7 @@ class Cameras:
             kv[p + "age_s"] = "none" if c.latest is None else f"{now - c.latest_t:.3f}"
             for name, ring in (
                 ("wait", c.wait_us), ("handle", c.handle_us), ("decode", c.decode_us),
-                ("prestage", c.prestage_us), ("ack", c.ack_us),
+                ("prestage", c.prestage_us),
             ):  # fmt: skip
                 if ring.n:
                     kv[p + name + "_p50_us"] = f"{ring.pct(50):.1f}"

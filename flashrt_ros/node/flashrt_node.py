@@ -242,6 +242,7 @@ class FlashrtNode(LifecycleNode):
             stepping,
             host,
             after_drain=self._step_if_due if frames else None,
+            acknowledge=None if timer or self._cams is None else self._cams.acknowledge,
         )
         if not self.defer_inputs:
             self._start_inputs()

@@ -9,7 +9,8 @@ takes their messages: a thread (`flashrt-inputs`) waiting on a wait set built on
 (waitloop.WaitLoop, as the services' loop).
 
 At each wake-up it goes in rounds: every queued message of the `drained` inputs (the goal, then
-each camera), then `after_drain` (the node's step_on check: a step once every listed input has
+each camera), then `acknowledge` (the cameras' one acknowledgement of the images the round
+took: cameras.py), then `after_drain` (the node's step_on check: a step once every listed input has
 something new, so a backlog of frames steps once, on the newest of each), then one message of
 the `stepping` input (joint_states in observation mode, where
 each one is a step: taken one at a time, none dropped); again while a stepping message came. So
@@ -50,11 +51,13 @@ class InputLoop(WaitLoop):
         stepping=None,
         host=None,
         after_drain: Callable[[], None] | None = None,
+        acknowledge: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(context, log)
         self.drained = list(drained)
         self.stepping = stepping
         self.after_drain = after_drain
+        self.acknowledge = acknowledge
         self.host = host  # a ServiceHost whose services this loop answers (observation mode)
         self._served: tuple[list, list] | None = None  # what it borrowed: guards, services
         self.lock = threading.Lock()
@@ -87,8 +90,10 @@ class InputLoop(WaitLoop):
                         continue
                     while (got := self._take(sub)) is not None:
                         self._call(sub, got)
+                if self.acknowledge is not None:
+                    self._hook(self.acknowledge, "acknowledging the inputs")
                 if self.after_drain is not None:
-                    self._after_drain()
+                    self._hook(self.after_drain, "after the inputs")
                 sub = self.stepping
                 if sub is None or (first and sub.handle.pointer not in ready):
                     return
@@ -100,11 +105,11 @@ class InputLoop(WaitLoop):
                     return
                 first = False
 
-    def _after_drain(self) -> None:
+    def _hook(self, hook: Callable[[], None], what: str) -> None:
         try:
-            self.after_drain()
+            hook()
         except Exception as e:  # as a handler that raises: logged, the loop goes on
-            self.log.error(f"after the inputs: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
+            self.log.error(f"{what}: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
     def _take(self, sub) -> tuple[object, float] | None:
         """polled.take, or None when the take itself fails (a message that does not

@@ -108,8 +108,9 @@ rc=0
 PYTHONUNBUFFERED=1 python bench/ros_bench.py --device "$DEVICE" --out "$OUT/ros.json" \
   --log-dir "$OUT/ros_logs" "$@" || rc=$?
 # the node and floor logs as one archive: the device tool brings back a limited number of files
-# per call (a 3-round start run writes 13 logs), ros_logs/ is kept with ROS_GPU_KEEP_LOGS=1
-if [ -d "$OUT/ros_logs" ] && tar czf "$OUT/ros_logs.tgz" -C "$OUT" ros_logs; then
+# per call (a 3-round start run writes 13 logs), ros_logs/ is kept with ROS_GPU_KEEP_LOGS=1;
+# without the compile cache inductor left there (14 MB of generated code, 2 MB compressed)
+if [ -d "$OUT/ros_logs" ] && tar czf "$OUT/ros_logs.tgz" --exclude=ros_logs/compile_cache -C "$OUT" ros_logs; then
   [ "${ROS_GPU_KEEP_LOGS:-0}" = 1 ] || rm -rf "$OUT/ros_logs"
 fi
 say "done (rc $rc; logs in $OUT/ros_logs.tgz)"

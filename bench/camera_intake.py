@@ -10,7 +10,8 @@ joint_states at 500 Hz). This measures the first two alone, beside a bare floor:
   at all, so it never steps: publish -> the node has acknowledged both images of a pair;
 - `floor`: a bare rclpy process (ros_floors.py `cameras`) that takes the same two topics
   serialized, as the node does, and acknowledges each image on the same latched
-  `~/camera_seen` (received, accepted per camera), with nothing else.
+  `~/camera_seen` (received, accepted per camera), with nothing else. The node acknowledges
+  the images it took in one round of its inputs' loop once (from 3aac050), the floor each one.
 
 Latency per pair: from just before its first image is published (system clock) to the DDS
 reception stamp of the first acknowledgement that counts this pair on both cameras (the k-th

@@ -890,7 +890,8 @@ def run_camera(
     pair's or newer on both cameras, which drops no superseded pair.
 
     `images_in`: the same pairs split at the node's acknowledgement of both images on
-    ~/camera_seen (sent once an image is checked and staged, before any step; its DDS reception
+    ~/camera_seen (sent once per round of the node's inputs' loop, after the round's images are
+    checked and staged, before any step; its DDS reception
     stamp here, so it carries one small message's transport): publish -> both images held by
     the node (`images_in_p50_us`), then held -> command (`after_images_p50_us`)."""
     probe = args.camera_policy == CAMERA_PROBE

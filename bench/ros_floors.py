@@ -21,8 +21,8 @@ main thread), started by ros_bench.py in the harness's domain with LOCALHOST dis
                                              #   same message object published back as-is
     python bench/ros_floors.py cameras       # camera/{top,wrist}/image_raw taken serialized, as
                                              #   the node takes them, each image acknowledged on
-                                             #   a latched ~/camera_seen as the node does
-                                             #   (camera_intake.py)
+                                             #   a latched ~/camera_seen (the node acknowledges
+                                             #   the images it took together once; camera_intake.py)
     python bench/ros_floors.py start [DEVICE]  # start-up: rclpy, then import torch and one
                                              #   tensor on DEVICE (cuda), then joint_states ->
                                              #   commands through that device: what any node

@@ -169,7 +169,7 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert d["camera.top.encoding"] == "rgb8" and d["camera.wrist.encoding"] == "bgr8"
     assert d["camera.top.prestaged"] == "0", d  # on the CPU the step reads what it stages
     assert 0.0 <= float(d["camera.top.age_s"]) < 5.0, d
-    # where the accepted images' way in went: waiting to be taken, and taken to acknowledged
+    # where the accepted images' way in went: waiting to be taken, and taken to handled
     assert 0.0 <= float(d["camera.top.wait_p50_us"]) < 5e6, d
     assert 0.0 < float(d["camera.wrist.handle_p50_us"]) < 5e6, d
     # handle's part that is not the prestage, within it (the same images): decode and checks

@@ -477,16 +477,19 @@ def test_the_inputs_loop_acknowledges_a_round_of_images_once_before_its_step(ros
             owner.create_subscription(Float64MultiArray, name, cb, 10, callback_group=PolledGroup())
         )
         pubs.append(ros.node.create_publisher(Float64MultiArray, f"/{name}", 10))
-    loop = InputLoop(
-        owner.context, owner.get_logger(), subs[:2], subs[2], acknowledge=lambda: seq.append("ack")
-    )
+
+    def acknowledge() -> None:  # as Cameras.acknowledge: only when images came since the last
+        if seq and seq[-1] in ("top", "wrist"):
+            seq.append("ack")
+
+    loop = InputLoop(owner.context, owner.get_logger(), subs[:2], subs[2], acknowledge=acknowledge)
     try:
         t_end = time.monotonic() + 10.0
         while any(p.get_subscription_count() == 0 for p in pubs) and time.monotonic() < t_end:
             time.sleep(0.01)
         for p in pubs:  # all three queued before the loop's first wait
             p.publish(Float64MultiArray(data=[1.0]))
-        time.sleep(1.0)  # delivered on loopback
+        time.sleep(1.5)  # delivered on loopback (the loop's first wait must find all three)
         loop.start()
         assert _grows(seq, 4), seq
         assert seq[:4] == ["top", "wrist", "ack", "joint_states"], seq

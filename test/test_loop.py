@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from flashrt_ros.node.loop import TimerLoop, os_thread_name
+from flashrt_ros.node.loop import ThreadUsage, TimerLoop, os_thread_name
 
 
 def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
@@ -188,3 +188,33 @@ def test_realtime_with_busy_wait_warns_about_the_kernels_throttling(tmp_path):
     real = "/proc/sys/kernel/sched_rt_runtime_us"  # this machine's own setting
     if os.path.exists(real) and int(open(real).read()) >= 0:
         assert "throttles" in throttle_note(1, True)
+
+
+def test_thread_usage_tells_a_tick_that_computed_from_one_that_waited():
+    """ThreadUsage (the tail of `last_overrun`): a thread that slept shows a voluntary context
+    switch and almost no CPU time; one that computed shows CPU time, never more than the wall
+    time it took (one thread). Nothing before the first mark."""
+    import re
+
+    form = re.compile(
+        r"on its CPU (\d+) us, (\d+) involuntary and (\d+) voluntary context switches, "
+        r"(\d+) page faults"
+    )
+    u = ThreadUsage()
+    assert u.since() == ""
+    u.mark()
+    time.sleep(0.05)
+    m = form.fullmatch(u.since())
+    assert m, u.since()
+    cpu_us, _, voluntary, _ = (int(v) for v in m.groups())
+    assert voluntary >= 1 and cpu_us < 25_000, m.group(0)  # asleep: the CPU was given away
+
+    u.mark()
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < 0.02:
+        n += 1
+    wall_us = (time.perf_counter() - t0) * 1e6
+    m = form.fullmatch(u.since())
+    assert m, u.since()
+    assert 0 < int(m.group(1)) <= wall_us + 1000, (m.group(0), wall_us)

@@ -375,3 +375,11 @@ def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
     m = split.search(d["last_overrun"])
     took, inputs, lock, step, publish = (int(v) for v in m.groups())
     assert step > max(inputs, lock, publish) and step <= took + 1, m.group(0)
+    # and what the tick's thread did meanwhile: its CPU time (at most the tick's wall time, a
+    # little more for the accounting after it), its context switches and page faults
+    usage = re.search(
+        r"the tick's thread: on its CPU (\d+) us, \d+ involuntary and \d+ voluntary context "
+        r"switches, \d+ page faults",
+        d["last_overrun"],
+    )
+    assert usage and 0 < int(usage.group(1)) <= took + 1000, d["last_overrun"]

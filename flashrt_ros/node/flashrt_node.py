@@ -45,7 +45,14 @@ from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.loop import SPIN_S, TimerLoop, set_affinity, set_realtime, throttle_note
+from flashrt_ros.node.loop import (
+    SPIN_S,
+    ThreadUsage,
+    TimerLoop,
+    set_affinity,
+    set_realtime,
+    throttle_note,
+)
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
@@ -71,6 +78,7 @@ class FlashrtNode(LifecycleNode):
         # the last tick's times (monotonic), preallocated: nothing allocated per tick for them;
         # _marked of them are this tick's (fewer on an early return), _offset: a publish offset
         self._marks = [0.0] * (len(TICK_PARTS) + 1)
+        self._tick_usage = ThreadUsage()  # the control thread's CPU and switches per tick
         self._marked, self._offset = 0, False
         self.stats = LoopStats()
         # the services' (and diagnostics') view of the node: engine, live session, lock, stats
@@ -574,6 +582,7 @@ class FlashrtNode(LifecycleNode):
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:
         t_in = time.monotonic()
+        self._tick_usage.mark()  # for last_overrun, if this tick overruns
         if self._cams is not None:
             self._cams.take()  # the control thread takes the images itself too
         sub = self._js_sub
@@ -737,10 +746,12 @@ class FlashrtNode(LifecycleNode):
                     for i, part in enumerate(TICK_PARTS[: self._marked - 1])
                     if part != "offset" or self._offset
                 )
+                usage = self._tick_usage.since()
                 self.stats.last_overrun = (
                     f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us"
                     + (f" ({split} us)" if split else "")
                     + f", {missed} tick(s) skipped"
+                    + (f"; the tick's thread: {usage}" if usage else "")
                 )
 
     # -- diagnostics -------------------------------------------------------------------------------

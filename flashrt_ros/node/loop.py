@@ -46,7 +46,7 @@ class ThreadUsage:
     _WHO = getattr(resource, "RUSAGE_THREAD", None)
 
     def __init__(self) -> None:
-        self._cpu = 0.0
+        self._cpu: float | None = None  # the thread's CPU time at the last mark
         self._ru = None
 
     def mark(self) -> None:
@@ -55,7 +55,7 @@ class ThreadUsage:
 
     def since(self) -> str:
         """Since the last mark, on the same thread; "" before any mark."""
-        if self._ru is None and self._cpu == 0.0:
+        if self._cpu is None:
             return ""
         cpu_us = (time.thread_time() - self._cpu) * 1e6
         text = f"on its CPU {cpu_us:.0f} us"

@@ -113,29 +113,3 @@ def test_services_keep_their_names_and_commit_boundaries(ros) -> None:
             assert 0.0 < float(diag[f"service_{name}{part}_p50_us"]) < 1e6, (part, diag)
     assert "service_branch_p50_us" not in diag  # only the services called
     assert diag["services_thread"] == "flashrt-inputs"  # observation mode: the thread that steps
-
-
-def test_an_autostart_builds_beside_its_start_and_steps_as_a_configure_built_engine(ros) -> None:
-    """main.py builds an autostarting node's engine while the node is created (engine_build.py):
-    its log says so, and it steps as the engine a lifecycle configure builds itself."""
-    from lifecycle_msgs.msg import Transition
-    from lifecycle_msgs.srv import ChangeState
-
-    from test.engine_util import observations
-
-    obs = observations(5, seed=11)
-    proc = ros.start_node({"device": "cpu", "policy": "builtin:hybrid"})
-    early = NodeClient(ros, proc).run(obs)
-    log = proc.log_path.read_text(errors="replace")
-    assert "policy and engine built beside the imports and the node's creation" in log, log
-    proc.stop()
-
-    proc = ros.start_node(
-        {"device": "cpu", "policy": "builtin:hybrid", "autostart": False},
-        wait_services=("change_state", "list_capsules"),
-    )
-    change = ros.client(ChangeState, proc.service("change_state"))
-    for tid in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
-        assert ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 60).success
-    np.testing.assert_array_equal(NodeClient(ros, proc).run(obs), early)
-    assert "built beside" not in proc.log_path.read_text(errors="replace")

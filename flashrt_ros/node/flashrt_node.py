@@ -38,10 +38,10 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
+from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
-from flashrt_ros.node.engine_build import build_engine
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
@@ -56,7 +56,10 @@ from flashrt_ros.node.loop import (
 from flashrt_ros.node.polled import PolledGroup, take
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
+from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper
+from flashrt_ros.policies.base import IMAGE_PREFIX
+from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
 
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
@@ -106,7 +109,6 @@ class FlashrtNode(LifecycleNode):
         self._fuse_unlogged = False  # late fusing's end is not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
-        self.early_build = None  # main.py's engine_build.EarlyBuild, taken by the first configure
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
@@ -141,20 +143,44 @@ class FlashrtNode(LifecycleNode):
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def on_configure(self, state) -> TransitionCallbackReturn:
-        early, self.early_build = self.early_build, None  # main.py's, for an autostart
         try:
             cfg = params.read(self)
-            built = early.take(cfg) if early is not None else None  # engine_build.py says why
-            if built is None:
-                built = build_engine(cfg)
+            t_load = time.monotonic()
+            policy = load_policy(cfg.policy, weights=cfg.weights or None)
+            mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit)
+            if policy.action_dim != mapper.n or policy.obs_dim != 2 * mapper.n:
+                raise ValueError(
+                    f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
+                    f"{policy.action_dim} actions; joint_names has {mapper.n} joints"
+                )
+            cameras = parse_cameras(cfg.cameras)
+            state_key = self._check_inputs(policy, cameras)
+            t0 = time.monotonic()
+            engine = Engine(
+                policy,
+                device=cfg.device,
+                seed=cfg.seed,
+                capsule_slots=cfg.capsule_slots,
+                host_capsule_slots=cfg.host_capsule_slots,
+                capsule_dir=cfg.capsule_dir or None,
+                max_sessions=cfg.max_sessions,  # the rollout scratch session is not counted
+                obs_limit=cfg.obs_limit,
+                flight_ticks=cfg.flight_ticks,
+                compile_cache_dir=cfg.compile_cache_dir or None,
+                fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
+                late_fuse=cfg.late_fuse,
+                image_encodings={  # a compressed camera is decoded to the policy's default
+                    IMAGE_PREFIX + name: e
+                    for name, enc in cameras.items()
+                    if (e := engine_encoding(enc)) is not None
+                },
+            )
         except (ValueError, RuntimeError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
         except Exception as e:  # rclpy would turn it into ERROR without a word: say what it was
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
-        policy, mapper, cameras, engine = built.policy, built.mapper, built.cameras, built.engine
-        state_key, t_load, t0 = built.state_key, built.t_load, built.t_engine
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
         w = self.context_warmer
         if w is not None and engine.device.type != "cuda" and w.release():
@@ -244,12 +270,6 @@ class FlashrtNode(LifecycleNode):
             "start-up: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())
             + self._warmed_note(engine.device.type == "cuda")
-            + (
-                f"; policy and engine built beside the imports and the node's creation "
-                f"(configure waited {early.waited_s:.2f} s for them)"
-                if early is not None and built.thread != threading.current_thread().name
-                else ""
-            )
             + f"; compile cache {engine.compile_cache or 'torch default'}"
             + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
         )
@@ -311,6 +331,22 @@ class FlashrtNode(LifecycleNode):
                 f"precompiled steps in {engine.precompiled.folder}: "
                 + "; ".join(engine.precompiled.events)
             )
+
+    @staticmethod
+    def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
+        """The node serves one vector input (the joint state) and, as images, exactly the
+        `cameras`: BadRequest naming both sets otherwise, so a camera policy never starts blind.
+        Returns the vector's key for dict observations ("" for a vector-only policy)."""
+        specs = list(policy.input_spec())
+        vectors = [i.name for i in specs if i.kind == "vector"]
+        images = [i.name.removeprefix(IMAGE_PREFIX) for i in specs if i.kind == "image"]
+        if len(vectors) != 1:
+            raise BadRequest(
+                f"policy {policy.policy_id} takes vector inputs {vectors}; the node serves one "
+                "(the joint state)"
+            )
+        match_policy(cameras, images)
+        return vectors[0] if images else ""
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         with self._inputs.lock:  # between two messages of the inputs' loop

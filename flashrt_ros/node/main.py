@@ -127,21 +127,16 @@ def main(args: Sequence[str] | None = None) -> int:
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
         print(f"flashrt_node: error: {e}", file=sys.stderr)
         return 2
-    node = executor = services = early = None
+    node = executor = services = None
     try:
         try:
             cfg = _check_parameters(argv)  # before the slow imports: a bad one fails at once
             t_imports = time.monotonic()
             # the device's context is made beside the imports (cuda/prewarm.py says why)
             warmer = warm_context(cfg.device)
-            if cfg.autostart:  # the engine built beside the rest (engine_build.py says why)
-                from flashrt_ros.node.engine_build import EarlyBuild  # torch, the core
-
-                early = EarlyBuild(cfg)
-            from flashrt_ros.node.flashrt_node import FlashrtNode  # the ROS side
+            from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
-            node.early_build, early = early, None  # configure takes it now
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
@@ -181,9 +176,6 @@ def main(args: Sequence[str] | None = None) -> int:
         pass
     finally:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
-        for build in (early, node and node.early_build):  # a start interrupted before configure
-            if build is not None:
-                build.close()
         if node is not None:
             node.stop_threads()
         if services is not None:

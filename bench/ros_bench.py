@@ -348,6 +348,13 @@ def node_params(args, **extra) -> dict:
         p["busy_wait"] = True
     if args.cpu_affinity:
         p["cpu_affinity"] = args.cpu_affinity
+    for item in getattr(args, "node_param", None) or []:
+        import yaml
+
+        name, sep, value = item.partition(":=")
+        if not sep or not name:
+            raise SystemExit(f"--node-param {item!r}: expected NAME:=VALUE")
+        p[name] = yaml.safe_load(value)
     p.update(extra)
     return p
 
@@ -525,8 +532,14 @@ def run_timer(
             raise RuntimeError(f"no commands at {rate} Hz (streamer {info})\n{proc.log_tail()}")
         cl.spin_for(warm)
         d0 = cl.latest_diag(3.0)
+        n_diag = len(cl.diag)
         row = measure_window(cl, rate, seconds, proc.pid)
         d1 = cl.latest_diag(3.0)
+        # each overrun's account as /diagnostics (1 Hz) showed it: the last of each second
+        tails = [d.get("last_overrun", "") for _, d in cl.diag[n_diag:]]
+        row["overrun_tails"] = [t for i, t in enumerate(tails) if t and t not in tails[:i]]
+        if d0.get("last_overrun") in row["overrun_tails"]:  # from before the window
+            row["overrun_tails"].remove(d0["last_overrun"])
         row["publish_offset_s"] = offset
         row["startup_s"] = round(startup, 1)
         nd = diag_numbers(d1)
@@ -1492,6 +1505,14 @@ def main() -> int:
         default="",
         help="the node's cpu_affinity parameter: the CPUs of the thread that steps, as taskset -c "
         "takes them ('' = any CPU; the floors are not pinned)",
+    )
+    ap.add_argument(
+        "--node-param",
+        action="append",
+        default=[],
+        metavar="NAME:=VALUE",
+        help="one more parameter for every node this bench starts (repeatable; the value as "
+        "YAML: true, 3, 0.5, text), e.g. gc_in_slack:=true",
     )
     ap.add_argument(
         "--busy-wait",

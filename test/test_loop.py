@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -198,7 +199,7 @@ def test_thread_usage_tells_a_tick_that_computed_from_one_that_waited():
 
     form = re.compile(
         r"on its CPU (\d+) us, (\d+) involuntary and (\d+) voluntary context switches, "
-        r"(\d+) page faults"
+        r"(\d+) page faults; collector passes in it .+, in other threads .+"
     )
     u = ThreadUsage()
     assert u.since() == ""
@@ -218,3 +219,27 @@ def test_thread_usage_tells_a_tick_that_computed_from_one_that_waited():
     m = form.fullmatch(u.since())
     assert m, u.since()
     assert 0 < int(m.group(1)) <= wall_us + 1000, (m.group(0), wall_us)
+
+
+def test_thread_usage_counts_the_collectors_passes_in_the_tick_and_beside_it():
+    """A collector pass in the marked thread is counted as its own, with its generation; one run
+    by another thread meanwhile (the tick then waited for the GIL) as the others'; none: none."""
+    import gc
+    import re
+
+    u = ThreadUsage()
+    gc.disable()  # no pass but the ones asked for
+    try:
+        u.mark()
+        assert u.since().endswith("collector passes in it none, in other threads none")
+        gc.collect()
+        tail = u.since()
+        assert re.search(r"in it 1 \(\d+ us, up to generation 2\), in other threads none$", tail)
+        u.mark()
+        t = threading.Thread(target=gc.collect, args=(1,))
+        t.start()
+        t.join()
+        tail = u.since()
+        assert re.search(r"in it none, in other threads 1 \(\d+ us, up to generation 1\)$", tail)
+    finally:
+        gc.enable()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flashrt_ros.errors import CapacityError
+from flashrt_ros.node.collector import CollectorClock, passes_text
 
 # The last 200 us before a deadline are busy-waited: a sleep overshoots. The spin keeps the GIL
 # (no sleep(0)): yielding it lets rclpy's executor thread take it, and getting it back can then
@@ -38,20 +39,26 @@ def _prctl(option: int, arg) -> bool:
 
 class ThreadUsage:
     """What the calling thread did since `mark()`: its CPU time, context switches and page
-    faults, for a tick that overran. A long tick that computed all along has its CPU time near
-    its wall time; one whose thread was preempted shows involuntary switches; one that waited
-    (for the GIL, a lock, a sleep) shows voluntary switches and little CPU time. A mark costs a
-    clock read and one getrusage call (Linux RUSAGE_THREAD; elsewhere, the CPU time alone)."""
+    faults, and the garbage collector's passes in it and in the other threads, for a tick that
+    overran. A long tick that computed all along has its CPU time near its wall time; one whose
+    thread was preempted shows involuntary switches; one that waited (for the GIL, a lock, a
+    sleep) shows voluntary switches and little CPU time; a collector pass in the tick's thread is
+    CPU time of its own, one in another thread a wait for the GIL. A mark costs a clock read
+    and one getrusage call (Linux RUSAGE_THREAD; elsewhere, the CPU time alone); each collector
+    pass costs two calls of CollectorClock."""
 
     _WHO = getattr(resource, "RUSAGE_THREAD", None)
 
     def __init__(self) -> None:
         self._cpu: float | None = None  # the thread's CPU time at the last mark
         self._ru = None
+        self._gc = CollectorClock.installed()
+        self._gc_then: tuple = ((0, 0, 0, 0.0), (0, 0, 0, 0.0))
 
     def mark(self) -> None:
         self._cpu = time.thread_time()
         self._ru = resource.getrusage(self._WHO) if self._WHO is not None else None
+        self._gc_then = self._gc.totals(threading.get_ident())
 
     def since(self) -> str:
         """Since the last mark, on the same thread; "" before any mark."""
@@ -66,6 +73,13 @@ class ThreadUsage:
                 f", {ru.ru_nivcsw - r0.ru_nivcsw} involuntary and {ru.ru_nvcsw - r0.ru_nvcsw} "
                 f"voluntary context switches, {faults} page faults"
             )
+        (mine, every), (mine0, every0) = self._gc.totals(threading.get_ident()), self._gc_then
+        others = tuple(a - b for a, b in zip(every, mine, strict=True))
+        others0 = tuple(a - b for a, b in zip(every0, mine0, strict=True))
+        text += (
+            f"; collector passes in it {passes_text(mine, mine0)}, "
+            f"in other threads {passes_text(others, others0)}"
+        )
         return text
 
 

@@ -1512,7 +1512,7 @@ def main() -> int:
         default=[],
         metavar="NAME:=VALUE",
         help="one more parameter for every node this bench starts (repeatable; the value as "
-        "YAML: true, 3, 0.5, text), e.g. gc_in_slack:=true",
+        "YAML: true, 3, 0.5, text), e.g. publish_offset_s:=0.0003",
     )
     ap.add_argument(
         "--busy-wait",

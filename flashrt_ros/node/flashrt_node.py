@@ -40,7 +40,6 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
-from flashrt_ros.node.collector import SlackCollector
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
@@ -80,7 +79,6 @@ class FlashrtNode(LifecycleNode):
         # _marked of them are this tick's (fewer on an early return), _offset: a publish offset
         self._marks = [0.0] * (len(TICK_PARTS) + 1)
         self._tick_usage = ThreadUsage()  # the control thread's CPU and switches per tick
-        self._slack_gc: SlackCollector | None = None  # gc_in_slack (collector.py)
         self._marked, self._offset = 0, False
         self.stats = LoopStats()
         # the services' (and diagnostics') view of the node: engine, live session, lock, stats
@@ -371,14 +369,13 @@ class FlashrtNode(LifecycleNode):
                 self._on_timing,
                 self._on_tick_error,
                 lock=self.control.lock,
-                idle=self._idle,  # /diagnostics (and gc_in_slack) in the control thread's slack
+                idle=self.diagnostics.idle,  # /diagnostics in the control thread's slack
                 # the services are answered by the control thread between ticks (host.py)
                 serving=self.service_host.lent,
                 wake=self.service_host.wake,
                 busy=self.cfg.busy_wait,
             )
             self.diagnostics.by_loop = True
-            self._slack_gc = SlackCollector() if self.cfg.gc_in_slack else None
             self._schedule(self._loop.start())
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
@@ -734,12 +731,6 @@ class FlashrtNode(LifecycleNode):
             return
         self.control.fault("control tick", e, step_error=True)
 
-    def _idle(self, deadline: float) -> None:
-        """TimerLoop's idle hook: /diagnostics when due, then a collector pass when due."""
-        self.diagnostics.idle(deadline)
-        if self._slack_gc is not None:
-            self._slack_gc.idle(deadline)
-
     def _on_timing(self, jitter: float, missed: int, took: float) -> None:
         with self.stats.lock:
             self.stats.jitter_us.add(abs(jitter) * 1e6)
@@ -779,10 +770,6 @@ class FlashrtNode(LifecycleNode):
             "last_overrun": sn["last_overrun"],
             "overruns_late_wake": str(sn["overruns_late_wake"]),
             "overruns_long_tick": str(sn["overruns_long_tick"]),
-            # gc_in_slack: the collector passes the control thread ran between ticks, by generation
-            "collector_slack_passes": (
-                "/".join(str(n) for n in self._slack_gc.passes) if self._slack_gc else "off"
-            ),
             "refused_inputs": str(sn["refused"]),
             "last_refusal": sn["last_refusal"],
             "stale_ticks": str(sn["stale_ticks"]),

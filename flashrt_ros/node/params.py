@@ -724,15 +724,6 @@ NODE_PARAMS = ParamTable(
             "sleeps (a warning says so)",
         ),
         Param(
-            "gc_in_slack",
-            False,
-            "bool",
-            "timer trigger: the control thread runs Python's garbage collector passes that are "
-            "nearly due in its slack after a tick, when the time before the next tick holds "
-            "one, so that an automatic pass (which holds the GIL for its whole length) seldom "
-            "falls inside a tick",
-        ),
-        Param(
             "capsule_slots",
             16,
             "integer",

@@ -293,6 +293,7 @@ def diag_numbers(d: dict) -> dict:
         "overruns",
         "overruns_late_wake",
         "overruns_long_tick",
+        "overruns_collector",
         "last_overrun",
         "refused_inputs",
         "stale_ticks",
@@ -348,14 +349,14 @@ def node_params(args, **extra) -> dict:
         p["busy_wait"] = True
     if args.cpu_affinity:
         p["cpu_affinity"] = args.cpu_affinity
-    for item in getattr(args, "node_param", None) or []:
+    p.update(extra)
+    for item in getattr(args, "node_param", None) or []:  # last: the user's word wins
         import yaml
 
-        name, sep, value = item.partition(":=")
+        name, sep, value = item.partition("=")
         if not sep or not name:
-            raise SystemExit(f"--node-param {item!r}: expected NAME:=VALUE")
+            raise SystemExit(f"--node-param {item!r}: expected NAME=VALUE")
         p[name] = yaml.safe_load(value)
-    p.update(extra)
     return p
 
 
@@ -543,7 +544,7 @@ def run_timer(
         row["publish_offset_s"] = offset
         row["startup_s"] = round(startup, 1)
         nd = diag_numbers(d1)
-        for k in ("overruns", "overruns_late_wake", "overruns_long_tick"):
+        for k in ("overruns", "overruns_late_wake", "overruns_long_tick", "overruns_collector"):
             if k in nd and k in diag_numbers(d0):
                 nd[f"{k}_in_window"] = nd[k] - diag_numbers(d0)[k]
         if "steps" in nd and "steps" in diag_numbers(d0):
@@ -1510,9 +1511,10 @@ def main() -> int:
         "--node-param",
         action="append",
         default=[],
-        metavar="NAME:=VALUE",
-        help="one more parameter for every node this bench starts (repeatable; the value as "
-        "YAML: true, 3, 0.5, text), e.g. publish_offset_s:=0.0003",
+        metavar="NAME=VALUE",
+        help="a parameter for every node this bench starts, over the scenario's own value "
+        "(repeatable; the value as YAML: true, 3, 0.5, text), e.g. obs_timeout_s=0.2; "
+        "NAME=VALUE, not ROS's :=, which rclpy would read as a remap of the bench's own node",
     )
     ap.add_argument(
         "--busy-wait",

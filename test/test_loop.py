@@ -222,24 +222,47 @@ def test_thread_usage_tells_a_tick_that_computed_from_one_that_waited():
 
 
 def test_thread_usage_counts_the_collectors_passes_in_the_tick_and_beside_it():
-    """A collector pass in the marked thread is counted as its own, with its generation; one run
-    by another thread meanwhile (the tick then waited for the GIL) as the others'; none: none."""
+    """A collector pass in the marked thread is counted as its own, with its generation and a
+    time within the call's; one run by another thread meanwhile (the tick then waited for the
+    GIL) as the others'; none: none. Made on one thread and marked on another, as the node's
+    control thread does; one clock per process however many ThreadUsage there are."""
     import gc
     import re
 
-    u = ThreadUsage()
+    from flashrt_ros.node.collector import CollectorClock
+
+    enabled = gc.isenabled()
     gc.disable()  # no pass but the ones asked for
     try:
-        u.mark()
-        assert u.since().endswith("collector passes in it none, in other threads none")
-        gc.collect()
-        tail = u.since()
-        assert re.search(r"in it 1 \(\d+ us, up to generation 2\), in other threads none$", tail)
-        u.mark()
-        t = threading.Thread(target=gc.collect, args=(1,))
+        u, _ = ThreadUsage(), ThreadUsage()  # made here, on the main thread
+        assert sum(isinstance(cb, CollectorClock) for cb in gc.callbacks) == 1
+        seen: dict = {}
+
+        def control() -> None:  # marks and reads on a thread of its own
+            u.mark()
+            seen["none"] = (u.since(), u.collector_passes())
+            t0 = time.perf_counter()
+            gc.collect()
+            wall_us = (time.perf_counter() - t0) * 1e6
+            seen["own"] = (u.since(), u.collector_passes(), wall_us)
+            u.mark()
+            other.start()
+            other.join()
+            seen["other"] = (u.since(), u.collector_passes())
+
+        other = threading.Thread(target=gc.collect, args=(1,))
+        t = threading.Thread(target=control)
         t.start()
         t.join()
-        tail = u.since()
-        assert re.search(r"in it none, in other threads 1 \(\d+ us, up to generation 1\)$", tail)
+        text, n = seen["none"]
+        assert text.endswith("collector passes in it none, in other threads none") and n == 0
+        text, n, wall_us = seen["own"]
+        m = re.search(r"in it 1 \((\d+) us, up to generation 2\), in other threads none$", text)
+        assert m and n == 1, text
+        assert 0 < int(m.group(1)) <= wall_us + 1, (text, wall_us)
+        text, n = seen["other"]
+        assert re.search(r"in it none, in other threads 1 \(\d+ us, up to generation 1\)$", text)
+        assert n == 1
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()

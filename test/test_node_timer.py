@@ -384,3 +384,5 @@ def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
         d["last_overrun"],
     )
     assert usage and 0 < int(usage.group(1)) <= took + 1000, d["last_overrun"]
+    # the overruns that held a collector pass are counted apart (none or some, never more)
+    assert 0 <= int(d["overruns_collector"]) <= int(d["overruns"]), d

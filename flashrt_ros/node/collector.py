@@ -3,10 +3,11 @@
 A collector pass runs in whichever thread's allocation triggers it and holds the GIL for its
 whole length, so a pass that starts inside a control tick lengthens it (in the tick's thread) or
 makes it wait (in another thread). `CollectorClock` counts and times the passes per thread, for
-the account of an overrun (loop.ThreadUsage). On the H200 machine (2698e7c, two 60 s runs at
-1 kHz, 52 overruns) no long tick held a pass: the node's ticks allocate and free in balance, so
-passes seldom come due at all. A hook that ran the due passes between ticks (`gc_in_slack`) was
-measured there and removed.
+the account of an overrun (loop.ThreadUsage) and the node's count of overruns that held one.
+On the H200 machine (2698e7c, two 60 s runs at 1 kHz) none of the 9 overrun accounts that
+/diagnostics showed (of 52 overruns) held a pass; on the CPU machine a node stepping at 200 Hz
+for 3.5 s never brought one near due (ad hoc), its ticks allocating and freeing in balance. A
+hook that ran the due passes between ticks (`gc_in_slack`) was measured there and removed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import gc
 import threading
 import time
+
+_INSTALL = threading.Lock()
 
 
 class CollectorClock:
@@ -46,12 +49,18 @@ class CollectorClock:
     @classmethod
     def installed(cls) -> CollectorClock:
         """The process's one clock, added to gc.callbacks on first use."""
-        for cb in gc.callbacks:
-            if isinstance(cb, cls):
-                return cb
-        clock = cls()
-        gc.callbacks.append(clock)
-        return clock
+        with _INSTALL:
+            for cb in gc.callbacks:
+                if isinstance(cb, cls):
+                    return cb
+            clock = cls()
+            gc.callbacks.append(clock)
+            return clock
+
+
+def passes(now: tuple, then: tuple) -> int:
+    """How many passes ran between two totals."""
+    return sum(now[g] - then[g] for g in range(3))
 
 
 def passes_text(now: tuple, then: tuple) -> str:

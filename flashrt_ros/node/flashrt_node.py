@@ -740,6 +740,8 @@ class FlashrtNode(LifecycleNode):
                     self.stats.overruns_late_wake += 1
                 else:
                     self.stats.overruns_long_tick += 1
+                if self._tick_usage.collector_passes():  # in any thread, during the tick
+                    self.stats.overruns_collector += 1
                 m = self._marks
                 split = ", ".join(
                     f"{part} {(m[i + 1] - m[i]) * 1e6:.0f}"
@@ -770,6 +772,7 @@ class FlashrtNode(LifecycleNode):
             "last_overrun": sn["last_overrun"],
             "overruns_late_wake": str(sn["overruns_late_wake"]),
             "overruns_long_tick": str(sn["overruns_long_tick"]),
+            "overruns_collector": str(sn["overruns_collector"]),
             "refused_inputs": str(sn["refused"]),
             "last_refusal": sn["last_refusal"],
             "stale_ticks": str(sn["stale_ticks"]),

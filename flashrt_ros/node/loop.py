@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flashrt_ros.errors import CapacityError
-from flashrt_ros.node.collector import CollectorClock, passes_text
+from flashrt_ros.node.collector import CollectorClock, passes, passes_text
 
 # The last 200 us before a deadline are busy-waited: a sleep overshoots. The spin keeps the GIL
 # (no sleep(0)): yielding it lets rclpy's executor thread take it, and getting it back can then
@@ -43,9 +43,10 @@ class ThreadUsage:
     overran. A long tick that computed all along has its CPU time near its wall time; one whose
     thread was preempted shows involuntary switches; one that waited (for the GIL, a lock, a
     sleep) shows voluntary switches and little CPU time; a collector pass in the tick's thread is
-    CPU time of its own, one in another thread a wait for the GIL. A mark costs a clock read
-    and one getrusage call (Linux RUSAGE_THREAD; elsewhere, the CPU time alone); each collector
-    pass costs two calls of CollectorClock."""
+    CPU time of its own, one in another thread a wait for the GIL. It covers the tick only, from
+    its mark: what made a wake-up late (the wait before the mark) is not in it. A mark costs a
+    clock read, one getrusage call (Linux RUSAGE_THREAD; elsewhere, the CPU time alone) and a
+    copy of the collector's totals; each collector pass costs two calls of CollectorClock."""
 
     _WHO = getattr(resource, "RUSAGE_THREAD", None)
 
@@ -59,6 +60,12 @@ class ThreadUsage:
         self._cpu = time.thread_time()
         self._ru = resource.getrusage(self._WHO) if self._WHO is not None else None
         self._gc_then = self._gc.totals(threading.get_ident())
+
+    def collector_passes(self) -> int:
+        """The collector's passes in any thread since the last mark (0 before any mark)."""
+        if self._cpu is None:
+            return 0
+        return passes(self._gc.totals(threading.get_ident())[1], self._gc_then[1])
 
     def since(self) -> str:
         """Since the last mark, on the same thread; "" before any mark."""

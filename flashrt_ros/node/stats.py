@@ -54,6 +54,7 @@ class LoopStats:
         self.last_overrun = ""  # why the last overrun happened: a late wake-up or a long tick
         self.overruns_late_wake = 0  # overrunning ticks that woke later than they took to run
         self.overruns_long_tick = 0  # the others: the tick itself ran long
+        self.overruns_collector = 0  # overrunning ticks that held a garbage collector pass
         self.refused = 0
         self.stale_ticks = 0
         self.stale_s = 0.0
@@ -114,6 +115,7 @@ class LoopStats:
                     "last_overrun",
                     "overruns_late_wake",
                     "overruns_long_tick",
+                    "overruns_collector",
                     "refused",
                     "last_refusal",
                     "stale_ticks",

@@ -350,9 +350,9 @@ def node_params(args, **extra) -> dict:
     if args.cpu_affinity:
         p["cpu_affinity"] = args.cpu_affinity
     p.update(extra)
-    for item in getattr(args, "node_param", None) or []:  # last: the user's word wins
-        import yaml
+    import yaml
 
+    for item in getattr(args, "node_param", None) or []:  # last: the user's word wins
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise SystemExit(f"--node-param {item!r}: expected NAME=VALUE")
@@ -537,8 +537,8 @@ def run_timer(
         row = measure_window(cl, rate, seconds, proc.pid)
         d1 = cl.latest_diag(3.0)
         # each overrun's account as /diagnostics (1 Hz) showed it: the last of each second
-        tails = [d.get("last_overrun", "") for _, d in cl.diag[n_diag:]]
-        row["overrun_tails"] = [t for i, t in enumerate(tails) if t and t not in tails[:i]]
+        tails = (d.get("last_overrun", "") for _, d in cl.diag[n_diag:])
+        row["overrun_tails"] = [t for t in dict.fromkeys(tails) if t]
         if d0.get("last_overrun") in row["overrun_tails"]:  # from before the window
             row["overrun_tails"].remove(d0["last_overrun"])
         row["publish_offset_s"] = offset

@@ -26,18 +26,18 @@ class CollectorClock:
     and of all threads."""
 
     def __init__(self) -> None:
-        self._began: dict[int, float] = {}
+        self._began: float | None = None  # the running pass's start (passes never overlap)
         self._mine: dict[int, list] = {}  # thread id -> [gen 0, gen 1, gen 2 passes, seconds]
         self._all = [0, 0, 0, 0.0]
 
     def __call__(self, phase: str, info: dict) -> None:
-        tid = threading.get_ident()
         if phase == "start":
-            self._began[tid] = time.perf_counter()
+            self._began = time.perf_counter()
             return
-        began = self._began.pop(tid, None)
-        if began is None:
+        began, self._began = self._began, None
+        if began is None:  # the clock was installed during this pass
             return
+        tid = threading.get_ident()
         took, gen = time.perf_counter() - began, min(2, max(0, info.get("generation", 0)))
         for rec in (self._mine.setdefault(tid, [0, 0, 0, 0.0]), self._all):
             rec[gen] += 1
@@ -65,9 +65,8 @@ def passes(now: tuple, then: tuple) -> int:
 
 def passes_text(now: tuple, then: tuple) -> str:
     """The passes between two totals, in words."""
-    d = [a - b for a, b in zip(now, then, strict=True)]
-    n = d[0] + d[1] + d[2]
+    n = passes(now, then)
     if n == 0:
         return "none"
-    top = max(g for g in range(3) if d[g])
-    return f"{n} ({d[3] * 1e6:.0f} us, up to generation {top})"
+    top = max(g for g in range(3) if now[g] > then[g])
+    return f"{n} ({(now[3] - then[3]) * 1e6:.0f} us, up to generation {top})"

@@ -363,3 +363,47 @@ def test_bagdiff_errors(tmp_path, capsys):
         bagdiff(["--help"])
     assert exc.value.code == 0
     assert "exit status" in capsys.readouterr().out
+
+
+def _damaged_copies(src: Path, out: Path, trials: int) -> list[Path]:
+    """Copies of a bag file with bytes flipped past its header and before its footer: what a
+    bad disk or a cut copy leaves (the chunks, pages and indexes the reader walks)."""
+    import random
+
+    data = src.read_bytes()
+    copies = []
+    for trial in range(trials):
+        rnd = random.Random(trial)
+        d = bytearray(data)
+        for _ in range(rnd.choice([1, 4, 32])):
+            d[rnd.randrange(64, len(d) - 200)] = rnd.randrange(256)
+        p = out / f"{trial}{src.suffix}"
+        p.write_bytes(d)
+        copies.append(p)
+    return copies
+
+
+@pytest.mark.parametrize(
+    "bag", ["arm_mcap/arm_mcap.mcap", "arm_sqlite3/arm_sqlite3.db3", "golden/arm_mcap_commands"]
+)
+def test_a_damaged_bag_is_a_clear_error_never_a_crash(tmp_path, capsys, bag):
+    """rosbags raises struct.error, OverflowError, MemoryError or sqlite's CorruptError on
+    damaged chunks and pages: each must come out as the ValueError the CLIs report (exit 2),
+    not a traceback that flashrt-bagdiff's exit status would call a divergence (1)."""
+    src = ROOT / "test" / "fixtures" / bag
+    if src.is_dir():
+        src = next(src.glob("*.mcap"))
+    refused = 0
+    for p in _damaged_copies(src, tmp_path, 150):
+        for read in (read_inputs, read_commands):
+            try:
+                read(p)
+            except ValueError as e:
+                assert str(p) in str(e)
+                refused += 1
+    assert refused > 100  # most damage is found, not read as data
+    if "commands" in bag:  # and through the CLI: a damaged bag is bad input (2), not a diff (1)
+        good = str(src)
+        codes = {bagdiff([str(p), good]) for p in _damaged_copies(src, tmp_path, 150)}
+        capsys.readouterr()
+        assert codes <= {0, 1, 2} and 2 in codes

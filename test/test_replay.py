@@ -148,6 +148,8 @@ def test_replay_errors_are_clear(tmp_path, capsys):
             ],
             "only 300",
         ),
+        # an OUT_BAG that cannot be written is found before the replay runs, not after it
+        ([str(FIX / "arm_sqlite3"), str(FIX / "fixtures.json" / "o6"), "--offline"], "folder"),
     ]
     for argv, needle in cases:
         assert replay(argv) == 2, argv

@@ -7,6 +7,8 @@ any image and one image of the wrong size among them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from flashrt_ros.replay import bags
 from flashrt_ros.replay.bagdiff_cli import main as bagdiff
 from flashrt_ros.replay.replay_cli import main as replay
 from flashrt_ros.sim.camera import ArmCamera
+from flashrt_ros.srv import DumpFlight
 from test.node_client import JOINTS, NodeClient
 from test.ros_helpers import importable_tests
 from test.test_node_cameras import CAMERAS, SPEC, H, W
@@ -105,3 +108,71 @@ def test_offline_replay_refuses_compressed_cameras(tmp_path, capsys):
     assert replay([*args, "--cameras", "top:compressed,wrist:bgr8"]) != 0
     assert "compressed cameras are not replayed offline" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _pass_again(cmds: list, at: int, back: int) -> tuple[list, list]:
+    """The first pass over commands at..back and the pass after the restore, as byte strings."""
+    first = [v.tobytes() for _, v in cmds[at:back]]
+    again = [v.tobytes() for _, v in cmds[back : back + (back - at)]]
+    return first, again
+
+
+def test_restore_in_an_image_replay_steps_on_the_checkpoints_images(node, tmp_path, capsys):
+    """Images are not state: after --restore-at the replay hands the node (and the offline
+    engine) the images it held at the checkpoint again, so the pass after the restore gives
+    the first pass's commands bit for bit, across new frames and the refused wrist frame."""
+    bag = tmp_path / "cams"
+    make_bag(bag)
+    at, back = 4, 12  # commands 4..11 hold three image changes and the refused frame
+    cp = ["--checkpoint-at", str(at), "--restore-at", str(back)]
+    assert node.call("restore", capsule="origin").success
+    assert replay([str(bag), str(tmp_path / "node"), *cp]) == 0
+    cmds = bags.read_commands(tmp_path / "node")
+    assert len(cmds) == N_JS - 1 + (back - at)
+    first, again = _pass_again(cmds, at, back)
+    assert first == again
+
+    offline = ["--offline", "--policy", SPEC, "--cameras", ",".join(CAMERAS)]
+    assert replay([str(bag), str(tmp_path / "off"), *offline, *cp]) == 0
+    assert bagdiff([str(tmp_path / "node"), str(tmp_path / "off")]) == 0
+    capsys.readouterr()
+
+
+def test_a_flight_dump_of_an_image_replay_replays_from_its_tick(ros_module, tmp_path, capsys):
+    """A node with cameras replays the bag (the replay sends each joint_states with the bag's
+    header stamp, which the flight recorder keeps), dumps its flight ring, and
+    `--offline --from-capsule` from a tick between two frames gives the node's own commands
+    from that tick on: the images before the tick are played first, as the node held them."""
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    with importable_tests():
+        proc = ros_module.start_node(
+            {
+                "policy": SPEC,
+                "device": "cpu",
+                "trigger": "observation",
+                "cameras": CAMERAS,
+                "flight_ticks": 64,
+                "capsule_dir": str(capdir),
+            },
+            namespace="/fl",
+            wait_services=("list_capsules", "dump_flight"),
+        )
+    bag = tmp_path / "cams"
+    make_bag(bag)
+    assert replay([str(bag), str(tmp_path / "node"), "--node", "/fl/flashrt"]) == 0
+    cmds = bags.read_commands(tmp_path / "node")
+    assert len(cmds) == N_JS - 1
+
+    r = ros_module.call(
+        ros_module.client(DumpFlight, proc.service("dump_flight")), DumpFlight.Request(), 30
+    )
+    assert r.success, r.message
+    tick = 8  # after the frames of joint_states 7, before those of 10
+    dumped = next(Path(f) for f in r.files if Path(f).name == f"main-{tick}.fcap")
+    capsys.readouterr()
+    offline = ["--offline", "--policy", SPEC, "--cameras", ",".join(CAMERAS)]
+    args = [str(bag), str(tmp_path / "from"), *offline, "--from-capsule", str(dumped)]
+    assert replay(args) == 0
+    got = bags.read_commands(tmp_path / "from")
+    assert [v.tobytes() for _, v in got] == [v.tobytes() for _, v in cmds[tick:]]

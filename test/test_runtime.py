@@ -201,3 +201,22 @@ def test_load_policy_specs(tmp_path):
     junk.write_bytes(b"not a program")
     with pytest.raises(ValueError, match="torch.export"):
         load_policy(str(junk))
+
+
+def test_a_weights_file_reaches_the_factory_or_is_refused(tmp_path):
+    """The node's `weights` parameter is never silently unused: a factory that takes `weights`
+    gets the path, one that does not and a .pt2 (which carries its own) refuse it."""
+    path = tmp_path / "gain.pt"
+    torch.save({"gain": 0.125}, path)
+    p = load_policy("test.tiny_policy:tiny_from", weights=str(path))
+    assert float(p.gain) == 0.125
+    with pytest.raises(BadRequest, match="takes no `weights` argument"):
+        load_policy("test.tiny_policy:tiny", weights=str(path))
+    program = tmp_path / "any.pt2"
+    program.write_bytes(b"refused before it is read")
+    with pytest.raises(BadRequest, match="carries its own weights"):
+        load_policy(str(program), weights=str(path))
+    assert float(load_policy("test.tiny_policy:tiny", weights="").gain) == 0.5  # '' = none
+    # LeRobot-shaped in its attributes, but not a torch module: refused at load, not at build
+    with pytest.raises(BadRequest, match="neither a flashrt Policy"):
+        load_policy("test.tiny_policy:not_a_module")

@@ -50,3 +50,21 @@ class _Unbuildable(TinyPolicy):
 def unbuildable() -> Policy:
     """`test.tiny_policy:unbuildable`: the Engine's build raises KeyError (test_node_safety)."""
     return _Unbuildable()
+
+
+def tiny_from(weights: str) -> Policy:
+    """A factory that takes the node's `weights` file: a torch file holding {"gain": float}."""
+    return TinyPolicy(float(torch.load(weights, weights_only=True)["gain"])).eval()
+
+
+class NotAModule:
+    """LeRobot-shaped in its attributes (config, predict_action_chunk), but no torch module."""
+
+    config = None
+
+    def predict_action_chunk(self, batch, noise=None):
+        return None
+
+
+def not_a_module() -> NotAModule:
+    return NotAModule()

@@ -625,7 +625,14 @@ NODE_PARAMS = ParamTable(
             pattern=r"(?s).*\S.*",
             pattern_text="a non-empty string",
         ),
-        Param("weights", "", "string", "weights file for the policy ('' = the shipped weights)"),
+        Param(
+            "weights",
+            "",
+            "string",
+            "weights file for the policy ('' = the shipped weights); a package.module:factory "
+            "policy gets it as weights= (one without that argument is refused), a .pt2 file "
+            "carries its own",
+        ),
         Param(
             "device",
             "auto",

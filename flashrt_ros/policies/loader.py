@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import logging
 import math
 from pathlib import Path
@@ -78,6 +79,9 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
       LeRobot-shaped module (.config and a pure .predict_action_chunk), which is wrapped in
       ChunkedPolicy after a purity probe (two calls on the same inputs must agree).
     - a path to a .pt2 file saved with torch.export: served through ExportedPolicy.
+
+    `weights` goes to a factory as `weights=` when it takes that argument (or **kwargs), and is
+    refused by one that does not and by a .pt2 file: a weights file is never silently unused.
     """
     if not isinstance(spec, str) or not spec:
         raise BadRequest(f"policy spec must be a non-empty string, got {spec!r}")
@@ -109,6 +113,11 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
 
         if not Path(spec).is_file():
             raise BadRequest(f"policy file not found: {spec}")
+        if weights:
+            raise BadRequest(
+                f"{spec}: an exported program carries its own weights; weights={str(weights)!r} "
+                "would be ignored (export the policy with the weights you want)"
+            )
         try:
             return ExportedPolicy(spec).eval()
         except BadRequest:
@@ -121,12 +130,15 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
             factory = getattr(importlib.import_module(mod_name), attr)
         except (ImportError, AttributeError) as e:
             raise BadRequest(f"cannot load policy factory {spec!r}: {e}") from e
+        kw = _with_weights(factory, spec, weights, overrides)
         try:
-            policy = factory(**overrides)
+            policy = factory(**kw)
         except Exception as e:
             raise BadRequest(f"policy factory {spec!r} failed: {e}") from e
-        if not isinstance(policy, Policy) and callable(
-            getattr(policy, "predict_action_chunk", None)
+        if (
+            not isinstance(policy, Policy)
+            and isinstance(policy, torch.nn.Module)
+            and callable(getattr(policy, "predict_action_chunk", None))
         ):
             from flashrt_ros.policies.chunked import ChunkedPolicy
 
@@ -134,10 +146,27 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
         if not isinstance(policy, Policy):
             raise BadRequest(
                 f"{spec!r} returned {type(policy).__name__}, neither a flashrt Policy nor a "
-                "LeRobot-shaped module (.config, .predict_action_chunk)"
+                "LeRobot-shaped torch module (.config, .predict_action_chunk)"
             )
         return policy.eval()
     raise BadRequest(
         f"policy spec {spec!r} is neither 'builtin:hybrid', 'package.module:factory' "
         "nor a path to a .pt2 file"
     )
+
+
+def _with_weights(factory, spec: str, weights, overrides: dict) -> dict:
+    """The factory's keyword arguments: a weights file goes to it as `weights=` when it takes
+    one, and is refused otherwise, rather than served with the factory's own weights unseen."""
+    if not weights:
+        return overrides
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing says what it takes
+        params = ()
+    if not any(p.name == "weights" or p.kind is p.VAR_KEYWORD for p in params):
+        raise BadRequest(
+            f"policy factory {spec!r} takes no `weights` argument, so weights={str(weights)!r} "
+            "would be ignored; give the factory a `weights` parameter or load them inside it"
+        )
+    return {**overrides, "weights": str(weights)}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rosbags.rosbag2 import Reader, ReaderError, StoragePlugin, Writer, WriterError
+from rosbags.rosbag2 import Reader, StoragePlugin, Writer, WriterError
 from rosbags.typesys import Stores, get_typestore
 
 __all__ = [
@@ -186,8 +186,8 @@ def _open(path: str | Path) -> Reader:
     try:
         reader = Reader(Path(path))
         reader.open()
-    except (ReaderError, FileNotFoundError, OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot open bag: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged index can raise anything (see _messages)
+        raise ValueError(f"{path}: cannot open bag ({type(exc).__name__}: {exc})") from None
     return reader
 
 
@@ -218,10 +218,13 @@ def list_topics(path: str | Path) -> dict[str, str]:
 
 
 def _messages(reader: Reader, conns: list, path) -> Iterable[tuple]:
+    """The bag's messages; a damaged chunk or page (rosbags raises struct.error, OverflowError,
+    sqlite's CorruptError... from deep inside) is a ValueError naming the file, as any bad
+    input is."""
     try:
         yield from reader.messages(connections=conns)
-    except (ReaderError, OSError, KeyError) as exc:
-        raise ValueError(f"{path}: cannot read messages: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged file makes the reader raise
+        raise ValueError(f"{path}: cannot read messages ({type(exc).__name__}: {exc})") from None
 
 
 def _deserialize(raw, msgtype: str, path, stamp: int):
@@ -357,7 +360,7 @@ def _write(path: str | Path, storage: str, fill) -> None:
             except Exception:  # noqa: BLE001
                 pass
             shutil.rmtree(path, ignore_errors=True)
-        if isinstance(exc, WriterError):
+        if isinstance(exc, WriterError | OSError):
             raise ValueError(f"{path}: cannot write bag: {exc}") from None
         raise
 

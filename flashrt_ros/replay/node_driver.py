@@ -119,13 +119,17 @@ class NodeDriver:
         return joints
 
     def _publish_js(self, event: InputEvent) -> None:
-        self.js.publish(
-            JointState(
-                name=list(event.names),
-                position=[float(x) for x in event.position],
-                velocity=[float(x) for x in event.velocity],
-            )
+        """With the bag's header stamp (its receive time when it had none): the node's flight
+        recorder keeps it, so a dump of a replayed run points back into this bag."""
+        msg = JointState(
+            name=list(event.names),
+            position=[float(x) for x in event.position],
+            velocity=[float(x) for x in event.velocity],
         )
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(
+            event.header_ns or event.stamp_ns, 10**9
+        )
+        self.js.publish(msg)
 
     def goal(self, data: np.ndarray) -> None:
         n = self.goal_echoes
@@ -181,6 +185,16 @@ class NodeDriver:
         r = self._call(self.rs, Restore.Request(capsule=ref, verify=True))
         if not r.success:
             raise NodeError(f"restore of {ref} failed: {r.message}")
+
+    def rewind_images(self, images: list[InputEvent]) -> None:
+        """After a restore: send again the images held at the checkpoint. A camera without one
+        then counts as imageless here (the node keeps a newer frame, but nothing is sent until
+        the camera's next image in the bag, as on the first pass)."""
+        self._has_image = set()
+        for ev in images:
+            why = self.image(ev)
+            if why:
+                raise NodeError(f"an image the node took before was refused on its return: {why}")
 
     def close(self) -> None:
         self.ex.shutdown(timeout_sec=0)

@@ -12,7 +12,9 @@ replay is skipped (not sent: the node could hold an image from before the replay
 image is skipped too; the camera keeps its previous one. The node's wall-clock staleness
 (obs_timeout_s) is not replayed: in lockstep an image is milliseconds old when it is stepped on,
 and --offline has no clock; a bag whose camera drops out for longer than obs_timeout_s replays
-its old image.
+its old image. Images are not state (a capsule holds none), so a restore hands the driver again
+the images it held at the checkpoint, and a replay from a capsule plays the images before it
+first.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Driver(Protocol):
     def checkpoint(self) -> str: ...
     def restore(self, ref: str) -> None: ...
     def refused(self, event: InputEvent) -> None: ...
+    def rewind_images(self, images: list[InputEvent]) -> None: ...  # hold exactly these
 
 
 @dataclass
@@ -62,15 +65,20 @@ def play(
         raise ValueError("need 0 <= checkpoint-at < restore-at")
     res = ReplayResult()
     cp_ref, cp_index, shift = None, 0, 0
+    held: dict[str, int] = {}  # camera -> index of its newest image the driver took
+    held_at_cp: dict[str, int] = {}
     i, total, t0 = 0, len(events), time.monotonic()
     bag0 = events[0].stamp_ns if events else 0
     next_report = 0.1
     while i < total:
         n = len(res.commands)
         if checkpoint_at is not None and cp_ref is None and n == checkpoint_at:
-            cp_ref, cp_index = driver.checkpoint(), i
+            cp_ref, cp_index, held_at_cp = driver.checkpoint(), i, dict(held)
         if restore_at is not None and res.restored_at is None and n == restore_at:
             driver.restore(cp_ref)
+            # the images are the driver's, not the capsule's: back to those of the checkpoint
+            driver.rewind_images([events[j] for j in sorted(held_at_cp.values())])
+            held = dict(held_at_cp)
             res.restored_at = n
             shift = (events[i - 1].stamp_ns if i else 0) - events[cp_index].stamp_ns + 1
             i = cp_index
@@ -93,6 +101,8 @@ def play(
             why = driver.image(ev)
             if why:
                 res.skipped.append((i, why))
+            else:
+                held[ev.camera] = i
         else:
             try:
                 obs = mapper.observation(ev.names, ev.position, ev.velocity)
@@ -111,7 +121,8 @@ def play(
             next_report += 0.1
     if restore_at is not None and res.restored_at is None:
         raise ValueError(
-            f"--restore-at {restore_at}: the bag has only {len(res.commands)} valid observations"
+            f"--restore-at {restore_at}: the bag has only {len(res.commands)} valid "
+            f"observations, and a restore after {restore_at} commands needs more than that"
         )
     return res
 
@@ -123,7 +134,9 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
     """The events after the last joint_states consumed by a capsule stamped `stamp` (seconds:
     the header stamp of that joint_states, or its receive time when it had none), and how many
     joint_states come before them. stamp 0 (step 0: nothing consumed yet) keeps every event.
-    Goals before that point are already in the capsule's state, so they are left out too."""
+    Goals before that point are already in the capsule's state, so they are left out too; the
+    camera images before it are not (the capsule holds no image), so they lead the events: the
+    first step after the capsule sees the newest valid image of every camera, as the node did."""
     if stamp <= 0:
         return list(events), 0
     limit = round(stamp * 1e9) + STAMP_SLACK_NS
@@ -142,7 +155,8 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
             f"the bag has no joint_states after the capsule's stamp {stamp:.9f} s: "
             "nothing to replay"
         )
-    return rest, sum(e.kind == "joint_states" for e in events[: last + 1])
+    images = [e for e in events[: last + 1] if e.kind == "image"]
+    return images + rest, sum(e.kind == "joint_states" for e in events[: last + 1])
 
 
 class EngineDriver:
@@ -194,6 +208,11 @@ class EngineDriver:
 
     def restore(self, ref: str) -> None:
         self.engine.restore(ref)
+
+    def rewind_images(self, images: list[InputEvent]) -> None:
+        self._latest = {}
+        for ev in images:
+            self.image(ev)
 
     def refused(self, event: InputEvent) -> None:
         pass  # the engine never sees what the mapper refused, like the node

@@ -17,6 +17,10 @@ The node must run with trigger:=observation (one step per joint_states message):
 Replay is lockstep: each observation is sent only after the previous command came back, and each
 goal only after the node echoed it on ~/goal_applied, so results never depend on timing.
 Commands are recorded with the stamp of the observation they answer, in IN_BAG's storage format.
+The replay publishes on the node's own topics, <namespace of --node>/joint_states, /goal and
+/camera/<name>/image_raw, and reads <namespace>/commands, whatever the bag's topics are called;
+run the node without remapping those. Each joint_states carries the bag's header stamp, which
+the node's flight recorder keeps: a flight dump of a replayed run points back into the bag.
 
 Cameras: the bag's sensor_msgs/Image topics <camera-prefix>/<name>/image_raw are played too, each
 image before the joint_states that follow it; the replay waits for the node's ~/camera_seen
@@ -65,17 +69,19 @@ def parse(argv):
     ap.add_argument(
         "--joint-states-topic",
         default="/joint_states",
-        help="where the node reads joint_states; the bag's are published there "
-        "(default /joint_states)",
+        help="the bag's joint_states topic (default /joint_states); the replay sends them to "
+        "the node's joint_states, <namespace of --node>/joint_states",
     )
     ap.add_argument(
-        "--goal-topic", default="/goal", help="where the node reads goals (default /goal)"
+        "--goal-topic",
+        default="/goal",
+        help="the bag's goal topic (default /goal); sent to <namespace of --node>/goal",
     )
     ap.add_argument(
         "--camera-prefix",
         default=None,
-        help="camera topics are PREFIX/<name>/image_raw (default: the joint_states topic's "
-        "namespace + /camera)",
+        help="the bag's camera topics are PREFIX/<name>/image_raw (default: the joint_states "
+        "topic's namespace + /camera); sent to <namespace of --node>/camera/<name>/image_raw",
     )
     ap.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for each answer (default 10)"
@@ -88,10 +94,12 @@ def parse(argv):
         metavar="FILE",
         help="start from this capsule file (a flight dump tick) and replay what followed it",
     )
-    off.add_argument("--policy", default="builtin:hybrid")
-    off.add_argument("--weights", default="")
-    off.add_argument("--device", default="cpu")
-    off.add_argument("--seed", type=int, default=0)
+    off.add_argument(
+        "--policy", default="builtin:hybrid", help="the node's `policy` (default builtin:hybrid)"
+    )
+    off.add_argument("--weights", default="", help="the node's `weights` ('' = the shipped)")
+    off.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    off.add_argument("--seed", type=int, default=0, help="the node's `seed` (default 0)")
     off.add_argument(
         "--cameras",
         default="",
@@ -125,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             prefix = "/" + a.joint_states_topic.strip("/").rpartition("/")[0] + "/camera"
         events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic, prefix)
         bag_cams = sorted({e.camera for e in events if e.kind == "image"})
-        if os.path.exists(a.out_bag):
-            raise ValueError(f"{a.out_bag} exists; choose a new OUT_BAG")
+        _writable_new(a.out_bag)  # before the replay, not after it
         start = None
         if a.from_capsule:
             start = _capsule_header(a.from_capsule)
@@ -163,6 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     for idx, why in result.skipped[:10]:
         print(f"  skipped event {idx}: {why}", file=sys.stderr)
     return 0
+
+
+def _writable_new(out_bag: str) -> None:
+    """OUT_BAG must not exist and its folder must take it: found out before a replay runs."""
+    if os.path.lexists(out_bag):
+        raise ValueError(f"{out_bag} exists; choose a new OUT_BAG")
+    parent = os.path.dirname(os.path.abspath(out_bag))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{out_bag}: its folder {parent} does not exist (or is not a folder)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{out_bag}: its folder {parent} is not writable")
 
 
 def _capsule_header(path: str) -> dict:

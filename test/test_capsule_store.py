@@ -232,8 +232,8 @@ def test_7_drop_removes_a_renamed_file(tmp_path):
 
 
 def test_7_drop_of_an_evicted_id_reused_by_a_load_keeps_the_other_file(tmp_path):
-    """The store maps a live capsule to its file: an id freed by eviction and taken by a loaded
-    capsule must not delete the evicted capsule's file."""
+    """An id freed by eviction whose file stays in capsule_dir is not given to a loaded
+    capsule (its header says c0001 too): dropping that capsule keeps the evicted one's file."""
     d = tmp_path / "caps"
     d.mkdir()
     eng = stepped(capsule_dir=d, capsule_slots=1)
@@ -245,10 +245,46 @@ def test_7_drop_of_an_evicted_id_reused_by_a_load_keeps_the_other_file(tmp_path)
     for o in OBS[:9]:
         other.step(o)
     foreign = other.save_capsule(other.checkpoint().id, tmp_path / "foreign.fcap")  # id c0001
-    eng.load_capsule(foreign)
-    eng.drop("c0001")
+    loaded = eng.load_capsule(foreign)
+    assert loaded.id != "c0001"
+    eng.drop(loaded.id)
     assert (d / "c0001.fcap").exists()
     assert diskfmt.read_capsule_file(d / "c0001.fcap")[1] == diskfmt.read_capsule_file(export)[1]
+
+
+def test_7_a_copy_of_a_capsule_file_never_takes_the_id_of_another_file(tmp_path):
+    """A copy of c0001.fcap in capsule_dir (a backup, named anything) carries id c0001 in its
+    header. At a restart each file must come back under its own file's id and the copy under a
+    fresh one, so a drop removes the dropped capsule's file and no other."""
+    d = tmp_path / "caps"
+    d.mkdir()
+    eng = stepped(capsule_dir=d)
+    a = eng.checkpoint(persist=True)  # c0001.fcap
+    eng.step(OBS[5])
+    b = eng.checkpoint(persist=True)  # c0002.fcap
+    (d / "backup.fcap").write_bytes((d / f"{a.id}.fcap").read_bytes())  # loaded first (sorted)
+    again = make_engine(capsule_dir=d)
+    by_id = {i.id: i.checksum for i in again.capsules()}
+    assert by_id[a.id] == a.checksum and by_id[b.id] == b.checksum and len(by_id) == 3
+    copy_id = next(i for i in by_id if i not in (a.id, b.id))
+    new = again.checkpoint()  # a fresh id, not one of a file
+    assert new.id not in (a.id, b.id, copy_id)
+    again.drop(b.id)
+    assert names_in(d) == ["backup.fcap", f"{a.id}.fcap"]
+    again.drop(copy_id)
+    assert names_in(d) == [f"{a.id}.fcap"]
+
+
+def test_7_a_header_step_that_is_not_the_states_counter_is_refused(good, tmp_path):
+    """The flight ring and a chunked policy's tick kinds follow the state's own step counter:
+    a file whose header names another step is refused on load, and nothing changes."""
+    header, payload = good
+    f = diskfmt.write_capsule_file(tmp_path / "lie.fcap", dict(header, step=1000), payload)
+    eng = stepped()
+    before = (eng.state_bytes(), eng.session_step(), eng.capsules())
+    with pytest.raises(CorruptCapsule, match="step 1000.*counter 3"):
+        eng.load_capsule(f)
+    assert before == (eng.state_bytes(), eng.session_step(), eng.capsules())
 
 
 # -- 8: never hang or exhaust memory on capsule_dir contents ---------------------------------------

@@ -146,11 +146,41 @@ def test_host_spill_keeps_evicted_capsules_restorable():
     assert eng.restore("first").checksum == first.checksum
     assert np.array_equal(run(eng, OBS[100:160]), expect)
     eng.checkpoint(name="fourth")
-    eng.checkpoint(name="fifth")  # host tier full: its oldest is dropped
-    assert len(eng.capsules()) == 4
-    host_one = next(i for i in eng.capsules() if i.tier == "host")
-    with pytest.raises(ValueError, match="host tier"):
-        eng.pin(host_one.id)
+    eng.checkpoint(name="fifth")  # host tier full: the least recently used of all is dropped
+    tiers = {i.name: i.tier for i in eng.capsules()}
+    assert tiers == {"first": "host", "third": "host", "fourth": "cpu", "fifth": "cpu"}
+
+
+def test_eviction_keeps_the_lru_order_across_tiers():
+    """A capsule just restored from the host tier is recent: when the host tier is full, the
+    least recently used capsule of both tiers goes, not the host tier's."""
+    eng = warmed(capsule_slots=2, host_capsule_slots=1)
+    eng.checkpoint(name="a")
+    eng.checkpoint(name="b")
+    eng.checkpoint(name="c")  # a spills to the host tier
+    eng.restore("a")  # now the most recently used
+    eng.checkpoint(name="d")  # b, the least recently used, goes; a stays in the host tier
+    assert {i.name: i.tier for i in eng.capsules()} == {"a": "host", "c": "cpu", "d": "cpu"}
+
+
+def test_pinning_a_host_tier_capsule_brings_it_back_to_a_slot():
+    eng = warmed(capsule_slots=2, host_capsule_slots=1)
+    a = eng.checkpoint(name="a")
+    expect = run(eng, OBS[100:140])
+    eng.checkpoint(name="b")
+    eng.checkpoint(name="c")  # a spills to the host tier
+    assert eng.capsule("a").tier == "host"
+    info = eng.pin("a")  # b (least recently used) gives its slot and spills into a's host row
+    assert info.pinned and info.tier == "cpu" and info.checksum == a.checksum
+    assert {i.name: i.tier for i in eng.capsules()} == {"a": "cpu", "b": "host", "c": "cpu"}
+    assert eng.restore("b").tier == "host"  # the spilled one is whole
+    eng.restore("a")  # verify=True: the promoted bytes are the checkpoint's
+    assert np.array_equal(run(eng, OBS[100:140]), expect)
+    eng.pin("c")
+    before = eng.capsules()
+    with pytest.raises(CapacityError, match="pinned"):  # every slot pinned: nothing moves
+        eng.pin("b")
+    assert eng.capsules() == before
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,13 @@ SESSION_NAME = re.compile(r"[A-Za-z0-9_]{1,32}")
 CAPSULE_ID = re.compile(r"[cC][0-9]+")
 
 
-def is_capsule_id(s: object) -> bool:
-    return isinstance(s, str) and CAPSULE_ID.fullmatch(s) is not None
+ISSUED_ID = re.compile(r"c[0-9]{1,15}")  # the ids a pool issues (c0001, ...)
+
+
+def is_issued_id(s: object) -> bool:
+    """Whether `s` is an id a pool could have issued: a loaded file keeps only such an id (an
+    upper-case or 60-digit one would dodge or overflow the pool's counter)."""
+    return isinstance(s, str) and ISSUED_ID.fullmatch(s) is not None
 
 
 def check_capsule_name(name: str) -> str:

@@ -56,6 +56,9 @@ class CapsulePool:
         self._ids = itertools.count(1)
         self.gpu_tier = "gpu" if self.device.type == "cuda" else "cpu"
         self.evicted: list[str] = []  # ids dropped by eviction, newest last (for logs)
+        # ids a new capsule must not take though none is live (the Engine: ids whose file is in
+        # capsule_dir, so drop never removes another capsule's file)
+        self.id_taken: Callable[[str], bool] = lambda cid: False
 
     # -- lookups -----------------------------------------------------------------------------------
     def get(self, ref: str) -> Capsule:
@@ -88,13 +91,15 @@ class CapsulePool:
             raise BadName(f"capsule name {name!r} is taken; drop that capsule first")
 
     def new_id(self) -> str:
-        while True:
-            cid = f"c{next(self._ids):04d}"
-            if cid not in self.caps:
-                return cid
+        """A fresh id, used up: never live, never one whose file exists (id_taken)."""
+        cid = self.peek_id(self.id_taken)
+        self.claim_id(cid)
+        return cid
 
     # -- taking a capsule --------------------------------------------------------------------------
     def _take_slot(self) -> int:
+        """A device slot, freed by evicting the least recently used unpinned capsule when none
+        is free."""
         if self.free:
             return self.free.pop()
         victims = [c for c in self.caps.values() if c.slot is not None and not c.info.pinned]
@@ -105,6 +110,9 @@ class CapsulePool:
         return self.free.pop()
 
     def _spill_or_drop(self, cap: Capsule) -> None:
+        """Move an evicted capsule to the host tier; with that tier full, the least recently
+        used of it and the host tier's capsules is dropped (the LRU order holds across tiers:
+        a capsule just restored from the host tier is not the first to go)."""
         if self.host.shape[0] == 0:
             self.evicted.append(cap.info.id)
             self._release(cap)
@@ -113,7 +121,12 @@ class CapsulePool:
             oldest = min(
                 (c for c in self.caps.values() if c.host_slot is not None),
                 key=lambda c: c.last_used,
+                default=None,
             )
+            if oldest is None or cap.last_used < oldest.last_used:
+                self.evicted.append(cap.info.id)
+                self._release(cap)
+                return
             self.evicted.append(oldest.info.id)
             self._release(oldest)
         hs = self.free_host.pop()
@@ -218,8 +231,16 @@ class CapsulePool:
 
     # -- using a capsule ---------------------------------------------------------------------------
     def source(self, cap: Capsule) -> torch.Tensor:
-        """The capsule's bytes where they are (a slab row or a pinned host row)."""
+        """The capsule's bytes where they are (a slab row or a pinned host row), for copies
+        queued on the device (a spill into a host row is queued too: no wait needed)."""
         return self.slab[cap.slot] if cap.slot is not None else self.host[cap.host_slot]
+
+    def readable(self, cap: Capsule) -> torch.Tensor:
+        """source() for the host to read (a file write): a host row a spill has just been
+        queued into is waited for first."""
+        if cap.host_slot is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.source(cap)
 
     def copy_out(self, cap: Capsule, dst: torch.Tensor) -> None:
         """dst <- capsule bytes with one copy; marks the capsule recently used."""
@@ -237,11 +258,29 @@ class CapsulePool:
         return info
 
     def set_pinned(self, ref: str, pinned: bool) -> CapsuleInfo:
+        """Pin or unpin. A pinned capsule lives in a device slot: one in the host tier comes
+        back into one first (evicting the least recently used unpinned capsule when none is
+        free; CapacityError, changing nothing, when every slot is pinned)."""
         cap = self.get(ref)
         if pinned and cap.slot is None:
-            raise BadRequest(f"capsule {cap.info.id} lives in the host tier; restore it first")
+            self.require_room(f" to pin {cap.info.id} (it is in the host tier)")
+            self._promote(cap)
         cap.info = replace(cap.info, pinned=bool(pinned))
         return self.info(cap)
+
+    def _promote(self, cap: Capsule) -> None:
+        """A host-tier capsule back into a device slot. Its bytes go through a device buffer
+        of their own (a rare call: allocated here), queued before its host row is given up, so
+        the capsule evicted for the slot can spill into that very row."""
+        staged = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        copy_bytes(staged, self.host[cap.host_slot])
+        self.free_host.append(cap.host_slot)
+        cap.host_slot = None  # in no tier for a moment: neither a victim nor dropped for one
+        slot = self._take_slot()  # the caller checked there is room: nothing raises here
+        copy_bytes(self.slab[slot], staged)
+        copy_bytes(self._digest_bytes[slot], cap.digest.view(torch.uint8))
+        cap.slot, cap.digest = slot, self.digests[slot]
+        cap.info = replace(cap.info, tier=self.gpu_tier)
 
     # -- for the disk tier (a persist checks everything before it writes a file) ----------------
     def free_slots(self) -> int:

@@ -120,7 +120,21 @@ class CapsuleStore:
         host = torch.frombuffer(payload, dtype=torch.uint8)
         if to_hex(device_checksum(host)) != header["checksum"]:
             raise CorruptCapsule(f"{path}: state bytes do not match the recorded checksum")
+        counter = self._step_counter(payload)
+        if counter is not None and counter != header["step"]:
+            raise CorruptCapsule(
+                f"{path}: the header says step {header['step']}, the state's step counter "
+                f"{counter}: the flight ring and the tick kinds follow the counter, so the two "
+                "must agree"
+            )
         return header, host
+
+    def _step_counter(self, payload) -> int | None:
+        """The state's own step counter (the int64 "step" row every session has)."""
+        row = next((r for r in self.layout if r["name"] == "step" and r["nbytes"] == 8), None)
+        if row is None:
+            return None
+        return int.from_bytes(payload[row["offset"] : row["offset"] + 8], "little", signed=True)
 
     # -- capsule_dir -------------------------------------------------------------------------------
     def require_folder(self) -> Path:
@@ -136,6 +150,17 @@ class CapsuleStore:
         if cid in self._files:
             return True
         return self.folder is not None and os.path.lexists(self.folder / f"{cid}{diskfmt.SUFFIX}")
+
+    def may_keep_id(self, cid: str, path: str | Path) -> bool:
+        """Whether a capsule loaded from `path` may keep the id `cid`: not when another file is
+        named for that id or held by it (dropping the capsule would remove that file)."""
+        owned = self._files.get(cid)
+        if owned is not None and not _same(owned.path, Path(path)):
+            return False
+        if self.folder is None:
+            return True
+        own = self.folder / f"{cid}{diskfmt.SUFFIX}"
+        return not os.path.lexists(own) or _same(own, Path(path))
 
     def _in_folder(self, path: Path) -> bool:
         if self.folder is None:

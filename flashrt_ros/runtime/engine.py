@@ -26,7 +26,7 @@ from flashrt_ros.capsules.checksum import (
     to_hex,
 )
 from flashrt_ros.capsules.info import CapsuleInfo
-from flashrt_ros.capsules.names import check_capsule_name, check_session_name, is_capsule_id
+from flashrt_ros.capsules.names import check_capsule_name, check_session_name, is_issued_id
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore, check_path
 from flashrt_ros.cuda.copy import copy_bytes, copy_io
@@ -284,6 +284,7 @@ class Engine:
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
         )
+        self.pool.id_taken = self.store.id_taken  # no new capsule takes the id of a file
         t = time.perf_counter()
         self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
@@ -957,13 +958,20 @@ class Engine:
             raise BadRequest("save_capsule needs the path of the file to write")
         path = check_path(path)
         cap = self.pool.get(_ref(capsule, "capsule"))
-        return self.store.write(path, self.pool.info(cap), self.pool.source(cap))
+        return self.store.write(path, self.pool.info(cap), self.pool.readable(cap))
 
     def _fresh_id(self) -> str:
-        """The next id free in the pool, among live names and in capsule_dir. Not used up
-        here: checkpoint claims it once the pool took the capsule."""
-        names = {c.info.name for c in self.pool.caps.values()}
-        return self.pool.peek_id(lambda cid: cid in names or self.store.id_taken(cid))
+        """The next id free in the pool and in capsule_dir. Not used up here: checkpoint
+        claims it once the pool took the capsule."""
+        return self.pool.peek_id(self.store.id_taken)
+
+    def _file_id(self, cid: object, path: Path) -> str:
+        """The id a loaded file keeps: its own when it is one we could have issued, no live
+        capsule has it and no other file of capsule_dir is named for it (drop would remove
+        that file); else a fresh one."""
+        if is_issued_id(cid) and cid not in self.pool.caps and self.store.may_keep_id(cid, path):
+            return cid
+        return self._fresh_id()
 
     def load_capsule(self, path: str | Path, name: str | None = None) -> CapsuleInfo:
         """Read a capsule file into the pool after checking every field against this engine;
@@ -982,8 +990,7 @@ class Engine:
             self.pool.check_name_free(label)
         if header["pinned"]:
             self.pool.require_room(f" ({path}: a pinned capsule needs a slot)")
-        cid = header["id"]
-        cid = cid if is_capsule_id(cid) and cid not in self.pool.caps else None
+        cid = self._file_id(header["id"], path)
         cap = self.pool.put(
             host.to(self.device),
             name=label,
@@ -994,8 +1001,7 @@ class Engine:
             cid=cid,
             stamp=header["stamp"],
         )
-        if cid is not None:
-            self.pool.claim_id(cid)
+        self.pool.claim_id(cid)
         self._report_evictions()
         info = self.pool.info(cap)
         self.store.adopt(path, info)

@@ -5,6 +5,8 @@ policy or a device fault would)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from flashrt_ros.policies.base import Policy
@@ -36,3 +38,21 @@ class NanAbove(Policy):
 
 def nan_above(threshold: float = THRESHOLD) -> Policy:
     return NanAbove(load_policy("builtin:hybrid"), threshold).eval()
+
+
+class SlowAbove(NanAbove):
+    """The builtin hybrid policy, except that a step on an observation whose first value
+    exceeds `threshold` sleeps `seconds`: a step stuck on the device, as the node sees it."""
+
+    def __init__(self, inner: Policy, threshold: float, seconds: float):
+        super().__init__(inner, threshold)
+        self.seconds = float(seconds)
+
+    def step(self, obs, state, action, chunk) -> None:
+        self.inner.step(obs, state, action, chunk)
+        if float(obs.reshape(-1)[0]) > self.threshold:  # a host read: never captured (CPU only)
+            time.sleep(self.seconds)
+
+
+def slow_above(threshold: float = THRESHOLD, seconds: float = 3.0) -> Policy:
+    return SlowAbove(load_policy("builtin:hybrid"), threshold, seconds).eval()

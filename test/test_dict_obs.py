@@ -200,3 +200,18 @@ def test_prestage_refuses_what_is_not_an_image_input_and_keeps_nothing_on_the_cp
     obs["observation.state"] = np.ones(4, np.float32)
     obs["observation.images.top"] = top
     np.testing.assert_array_equal(eng.step(obs), ref.step(obs))
+
+
+def test_keys_of_other_types_and_a_non_dict_encoding_are_bad_requests():
+    """Mixed-type extra keys could not even be sorted for the message (TypeError), and a
+    string for image_encodings failed in dict() before its own check (Python's message)."""
+    e = eng()
+    before = e.state_bytes(), e.session_step()
+    obs = good()
+    obs[0] = img
+    obs["extra"] = img
+    with pytest.raises(BadRequest, match="0.*extra|extra.*0"):
+        e.step(obs)
+    assert (e.state_bytes(), e.session_step()) == before
+    with pytest.raises(BadRequest, match="image_encodings must be a dict"):
+        Engine(ChunkedPolicy(ll.LeRobotLike()), device="cpu", image_encodings="bgr8")

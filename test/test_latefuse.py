@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from flashrt_ros import Engine
 from flashrt_ros.errors import BadRequest
@@ -258,3 +259,42 @@ def test_late_fuse_is_checked_and_means_nothing_without_a_fused_step():
     eng = engine(fuse=False, late_fuse=True)
     assert not eng.fusing and not eng.fused and eng.late_fuse == ""
     assert not eng.finish_fusing(timeout=0)
+
+
+def test_the_build_thread_does_not_inherit_the_stepping_threads_cpu_or_priority():
+    """start() runs on the thread that steps (the second step), which cpu_affinity pins and
+    realtime_priority makes SCHED_FIFO; a new thread inherits both, and a compile of seconds at
+    the control thread's priority on its CPU would stall the loop. The build runs normally
+    scheduled on the CPUs of the thread that made the engine."""
+    import os
+
+    from flashrt_ros.node.loop import set_affinity, set_realtime
+
+    seen = {}
+
+    def probe(ticks, check):
+        seen["cpus"] = os.sched_getaffinity(0)
+        seen["policy"] = os.sched_getscheduler(0)
+        raise RuntimeError("measured; no build")
+
+    mine = os.sched_getaffinity(0)
+    late = latefuse.LateFuse(probe, lambda: [], 0, torch.device("cpu"))
+    go = threading.Event()
+
+    def stepping() -> None:
+        go.wait()
+        late.start()
+        late.wait(10)
+
+    t = threading.Thread(target=stepping, name="flashrt-control")
+    t.start()
+    one = frozenset([max(mine)])
+    assert set_affinity(t, one) == ""
+    fifo = set_realtime(t, 10) == ""  # needs CAP_SYS_NICE: checked where it can be had
+    go.set()
+    t.join(10)
+    assert late.done.is_set() and seen["cpus"] == mine
+    if fifo:
+        assert seen["policy"] == os.SCHED_OTHER
+    if len(mine) > 1:
+        assert seen["cpus"] != one

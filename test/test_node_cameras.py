@@ -208,10 +208,13 @@ def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     top, wrist = frames(1, 3)[0], frames(1, 4)[0]
     state = np.zeros(12)
 
-    def stream(seconds: float, wrist_on: bool, bad_top: bool = False, until=None) -> dict:
+    def stream(
+        seconds: float, wrist_on: bool, bad_top: bool = False, until=None, top_on: bool = True
+    ) -> dict:
         def publish() -> None:
             c.publish(state)
-            cams.send("top", image_msg(top, "rgb8"), acked=False)
+            if top_on:
+                cams.send("top", image_msg(top, "rgb8"), acked=False)
             if bad_top:
                 cams.send("top", image_msg(top, "mono8"), acked=False)
             if wrist_on:
@@ -241,6 +244,16 @@ def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     assert int(d["camera.top.refused"]) >= 5 and "mono8" in d["camera.top.last_refusal"], d
     stream(0.6, wrist_on=True)  # it resumes: so do the commands
     assert len(c.commands) > held
+
+    # both cameras stop: each counts the steps missed for it, not only the first one named
+    keys = ("camera.top.stale_steps", "camera.wrist.stale_steps")
+    d0 = stream(5.0, wrist_on=False, top_on=False, until=lambda d: d["_message"].startswith("st"))
+    stream(
+        5.0,
+        wrist_on=False,
+        top_on=False,
+        until=lambda d: all(int(d[k]) >= int(d0[k]) + 5 for k in keys),
+    )
 
 
 def test_configure_fails_when_cameras_and_policy_images_differ(ros, tmp_path):
@@ -397,12 +410,13 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     ros.spin_for(2.3)  # the joint_states goes stale: a frame set holds the robot
     d = c.latest_diag(10.0)
     assert not d["_message"].startswith("stale"), d  # the start-up's stale tick is long past
-    stale_before = int(d["stale_ticks"])
+    stale_before, stale_s = int(d["stale_ticks"]), float(d["stale_s"])
     frame_set(4)
     d = stream_until(ros, c, 5.0, lambda: None, until=lambda d: d["_message"].startswith("stale"))
     assert len(c.commands) == 3
     assert d["_message"] == "stale: no fresh joint_states, holding", d
     assert int(d["stale_ticks"]) == stale_before + 1, d
+    assert float(d["stale_s"]) >= stale_s + 2.0, d  # the time since the frame set before
     state(obs[3])  # fresh again: the next frame set steps
     frame_set(4)
     np.testing.assert_array_equal(command(), expect(obs[3], 4))

@@ -266,3 +266,39 @@ def test_ctrl_c_during_a_rollout_ends_the_node_cleanly(ros):
     assert rc == 0, log
     assert "terminate called" not in log
     assert "rollout: the node is shutting down: stopped after " in log, log
+
+
+def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):
+    """A step stuck in the engine (a hung device; here a 3 s sleep) holds the engine lock. The
+    1 Hz /diagnostics still comes, saying how long the engine has been busy (ERROR from 1 s),
+    and the lifecycle services, on the same executor thread, answer meanwhile (both waited for
+    the whole step before)."""
+    from lifecycle_msgs.srv import GetState
+
+    with importable_tests():
+        proc = ros.start_node(
+            {"trigger": "observation", "policy": "test.nan_policy:slow_above"},
+            namespace="stuck",
+        )
+    c = NodeClient(ros, proc)
+    c.step(OBS[0])
+    stuck = OBS[0].copy()
+    stuck[0] = 600.0  # above slow_above's threshold, within obs_limit: the step sleeps 3 s
+    n, k = len(c.diagnostics), len(c.commands)
+    c.publish(stuck)
+    t0 = time.monotonic()
+
+    def busy(level):
+        return [d for d in c.diagnostics[n:] if "engine_busy_s" in d and d["_level"] == level]
+
+    get = ros.client(GetState, proc.service("get_state"))
+    assert ros.call(get, GetState.Request(), timeout=2.0).current_state.label == "active"
+    assert ros.spin_until(lambda: busy(ERROR), 2.8), (c.diagnostics[n:], proc.log_tail())
+    assert time.monotonic() - t0 < 3.0 and len(c.commands) == k  # while the step was stuck
+    d = busy(ERROR)[0]
+    assert float(d["engine_busy_s"]) >= 1.0 and "engine busy" in d["_message"], d
+    assert "sessions" not in d  # the engine's fields are left out, not read under a held lock
+    assert ros.spin_until(lambda: len(c.commands) > k, 10), proc.log_tail()
+    m = len(c.diagnostics)
+    assert ros.spin_until(lambda: len(c.diagnostics) > m, 3)
+    assert "engine_busy_s" not in c.diagnostics[-1] and "sessions" in c.diagnostics[-1]

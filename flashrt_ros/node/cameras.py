@@ -387,12 +387,13 @@ class Cameras:
 
     def stale(self, now: float, timeout: float) -> str:
         """The first camera without an image newer than `timeout` ("" when all are fresh);
-        counted on that camera."""
+        the step is counted on every such camera (`stale_steps`), not only the first."""
+        first = ""
         for c in self.cams:
             if c.latest is None or now - c.latest_t > timeout:
                 c.stale += 1
-                return c.name
-        return ""
+                first = first or c.name
+        return first
 
     def observation(self, state: np.ndarray, state_key: str) -> dict[str, np.ndarray]:
         """The dict observation of one step: the state vector and each camera's newest image."""

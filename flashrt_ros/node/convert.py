@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
 from std_msgs.msg import Float64MultiArray
@@ -11,9 +13,20 @@ from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.msg import CapsuleInfo as CapsuleInfoMsg
 
 
+def _sec_nanosec(t: float) -> tuple[int, int]:
+    """Whole seconds and nanoseconds, nanosec always < 1e9 (a fraction that rounds up to a
+    whole second carries into sec). The fraction is taken before scaling, so wall-clock stamps
+    keep their sub-microsecond part."""
+    sec = math.floor(t)
+    ns = round((t - sec) * 1e9)
+    if ns >= 1_000_000_000:
+        sec, ns = sec + 1, ns - 1_000_000_000
+    return int(sec), int(ns)
+
+
 def stamp_to_time(stamp: float) -> Time:
-    sec = int(stamp)
-    return Time(sec=sec, nanosec=int(round((stamp - sec) * 1e9)) % 1_000_000_000)
+    sec, nanosec = _sec_nanosec(stamp)
+    return Time(sec=sec, nanosec=nanosec)
 
 
 def capsule_msg(info: CapsuleInfo) -> CapsuleInfoMsg:
@@ -45,12 +58,10 @@ def trajectory_msg(
     msg.header.stamp = stamp
     msg.joint_names = joint_names
     for k, row in enumerate(chunk):
-        t = (k + 1) * dt
-        sec = int(t)
+        sec, nanosec = _sec_nanosec((k + 1) * dt)
         msg.points.append(
             JointTrajectoryPoint(
-                positions=row.tolist(),
-                time_from_start=Duration(sec=sec, nanosec=int(round((t - sec) * 1e9))),
+                positions=row.tolist(), time_from_start=Duration(sec=sec, nanosec=nanosec)
             )
         )
     return msg

@@ -70,6 +70,10 @@ EXIT_FUSE_WAIT_S = 5.0  # and an exit this long, once the build was cancelled
 
 
 class FlashrtNode(LifecycleNode):
+    # how long /diagnostics waits for the engine lock: a status without the engine's fields
+    # (and saying why) beats none while a step or request is stuck holding it
+    ENGINE_WAIT_S = 0.25
+
     def __init__(self, **kwargs):
         super().__init__("flashrt", **kwargs)
         params.declare(self)
@@ -102,6 +106,8 @@ class FlashrtNode(LifecycleNode):
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
+        self._frame_at = 0.0  # frame steps: when the last frame set was due (monotonic)
+        self._frame_gap = 0.0  # and the time since the one before (a stale one's stale_s)
         self._due_lock = threading.Lock()
         self._stepped_at: tuple[int, ...] = ()
         self._js_taken = 0  # valid joint_states so far (frame steps count them)
@@ -560,6 +566,9 @@ class FlashrtNode(LifecycleNode):
             if any(n <= was for n, was in zip(counts, self._stepped_at, strict=True)):
                 return
             self._stepped_at = counts
+            now = time.monotonic()
+            self._frame_gap = now - self._frame_at if self._frame_at else 0.0
+            self._frame_at = now
         with self._obs_lock:
             obs, t = self._latest_obs, self._latest_t
         self._step(obs, t)  # stale joint_states or cameras: no step, counted as a stale tick
@@ -613,10 +622,12 @@ class FlashrtNode(LifecycleNode):
                 return False
 
     def _stale(self, why: str) -> None:
+        """A step not taken for stale inputs; stale_s adds the time it stood for: a period of
+        the timer, or, for frame steps, the time since the frame set before."""
         self._stale_why, self._stale_at = why, time.monotonic()
         with self.stats.lock:
             self.stats.stale_ticks += 1
-            self.stats.stale_s += self._loop.period if self._loop else 0.0
+            self.stats.stale_s += self._loop.period if self._loop else self._frame_gap
 
     def _step(
         self,
@@ -645,6 +656,8 @@ class FlashrtNode(LifecycleNode):
                 obs is None or time.monotonic() - received > self.cfg.obs_timeout_s
             ):
                 self._stale("joint_states")
+                if self._cams is not None:  # counted on the stale cameras too
+                    self._cams.stale(time.monotonic(), self.cfg.obs_timeout_s)
                 return  # stale: no step, no command; the robot holds
             x = obs
             if self._cams is not None:  # each camera has its own staleness
@@ -791,9 +804,12 @@ class FlashrtNode(LifecycleNode):
             "last_fault": sn["last_fault"],
         }
         new_faults = sn["new_faults"]
-        ctl, poisoned, live = self.control, {}, ""
-        with ctl.lock:
-            eng = ctl.engine
+        ctl, poisoned, live, busy_s = self.control, {}, "", 0.0
+        with ctl.lock.within(self.ENGINE_WAIT_S) as held:
+            eng = ctl.engine if held else None
+            if not held:  # a step or request stuck in the engine: say so, and go on
+                busy_s = time.monotonic() - ctl.lock.held_since
+                kv["engine_busy_s"] = f"{busy_s:.2f}"
             if eng is not None:
                 live, sessions = ctl.live, eng.sessions()
                 poisoned = {s: why for s in sessions if (why := eng.poisoned(s))}
@@ -822,7 +838,13 @@ class FlashrtNode(LifecycleNode):
         kv["poisoned_reason"] = poisoned.get(shown, "")
         kv["poisoned_sessions"] = ",".join(poisoned)
         level, message = DiagnosticStatus.OK, "stepping"
-        if live in poisoned:
+        if busy_s:
+            level = DiagnosticStatus.ERROR if busy_s >= 1.0 else DiagnosticStatus.WARN
+            message = (
+                f"engine busy for {busy_s:.1f} s (a step or a request holds it); its fields "
+                "are left out of this status"
+            )
+        elif live in poisoned:
             level = DiagnosticStatus.ERROR
             message = (
                 f"session {live!r} is poisoned ({poisoned[live]}): nothing is published; "

@@ -203,10 +203,12 @@ class EngineLock:
         self.period = 0.0
         self.tick_s = 0.0  # how long a tick takes (a running mean, from the loop)
         self._slow = False  # the holder waited for the lock (its release must wake waiters)
+        self.held_since = 0.0  # when the holder took it (monotonic), for within()'s callers
 
     def __enter__(self) -> EngineLock:
         if self._lock.acquire(blocking=False):  # free: nobody to tell that we wait (every tick)
             self._slow = False
+            self.held_since = time.monotonic()
             return self
         with self._cond:
             self._waiting += 1
@@ -214,7 +216,31 @@ class EngineLock:
         with self._cond:
             self._waiting -= 1
         self._slow = True  # written by the holder, read by it in __exit__
+        self.held_since = time.monotonic()
         return self
+
+    @contextlib.contextmanager
+    def within(self, timeout: float) -> Iterator[bool]:
+        """The lock if it comes within `timeout` s (yields True), else nothing (False): for a
+        reader that must go on when a step or request is stuck holding it (/diagnostics)."""
+        if self._lock.acquire(blocking=False):
+            slow = False
+        else:
+            with self._cond:
+                self._waiting += 1
+            got = self._lock.acquire(timeout=timeout)
+            with self._cond:
+                self._waiting -= 1
+            if not got:
+                self._bump()  # background steps held back by our wait may go
+                yield False
+                return
+            slow = True
+        self._slow, self.held_since = slow, time.monotonic()
+        try:
+            yield True
+        finally:
+            self.__exit__()
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
@@ -271,6 +297,7 @@ class EngineLock:
             self._lock.acquire()
             with self._cond:
                 if self._may_go(cost, since):  # still: nobody came while we acquired
+                    self.held_since = time.monotonic()
                     break
             self._lock.release()  # a tick or a request came just now: it goes first
             self._bump()

@@ -92,9 +92,9 @@ def resolve_encodings(
     """Each image input's camera encoding: the given one, else rgb8 (3 channels) or mono8 (1).
     mono8 into a 3-channel policy repeats the grey channel; rgb8/bgr8 need 3 channels."""
     images = {i.name: i for i in specs if i.kind == "image"}
-    given = dict(encodings or {})
     if not isinstance(encodings, Mapping | None):
         raise BadRequest(f"image_encodings must be a dict name -> encoding, got {encodings!r}")
+    given = dict(encodings or {})
     unknown = sorted(set(given) - set(images))
     if unknown:
         raise BadRequest(
@@ -198,7 +198,7 @@ def check_dict(
     """Every key of a dict observation checked (name, shape, dtype, finite, obs_limit) before
     anything is staged; BadRequest names the key. Missing and extra keys are refused."""
     names = [s.name for s in specs]
-    extra = sorted(k for k in obs if k not in shapes)
+    extra = sorted(repr(k) if not isinstance(k, str) else k for k in obs if k not in shapes)
     missing = [n for n in names if n not in obs]
     if extra or missing:
         parts = []

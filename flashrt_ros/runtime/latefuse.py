@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -136,6 +137,9 @@ class LateFuse:
         self.built_s = 0.0
         self._thread = threading.Thread(target=self._run, name="flashrt-fuse", daemon=True)
         self._lock = threading.Lock()  # start() against cancel()
+        # the CPUs of the thread that builds the engine (configure's): the stepping thread that
+        # start()s the build may be pinned and real-time, and a new thread inherits both
+        self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
 
     def start(self) -> None:
         """Begin the build (once; nothing after a cancel)."""
@@ -163,7 +167,20 @@ class LateFuse:
                 self.why_not = "cancelled"
                 self.done.set()
 
+    def _plain_scheduling(self) -> None:
+        """Normal scheduling and the engine builder's CPUs for this thread: the compile (and
+        the workers it forks) must not run at the control thread's SCHED_FIFO priority on its
+        CPU, where it would stall the loop for the whole build."""
+        try:
+            if hasattr(os, "SCHED_OTHER") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            if self._cpus is not None and os.sched_getaffinity(0) != self._cpus:
+                os.sched_setaffinity(0, self._cpus)
+        except OSError as e:  # not allowed here: the build still runs
+            log.warning("late fusing: the build thread keeps its creator's scheduling: %s", e)
+
     def _run(self) -> None:
+        self._plain_scheduling()
         try:
             cuda = self._device.type == "cuda"
             stream = torch.cuda.Stream(self._device) if cuda else None

@@ -266,3 +266,21 @@ def test_thread_usage_counts_the_collectors_passes_in_the_tick_and_beside_it():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_stop_says_when_the_thread_is_still_in_a_tick_and_it_ends_after_that_tick():
+    """A tick stuck past stop()'s timeout: stop() says so (the node logs it), and the thread
+    still ends after that tick instead of ticking on beside a new activation's loop."""
+    release, ticks = threading.Event(), []
+
+    def tick(deadline: float) -> None:
+        ticks.append(deadline)
+        release.wait(5.0)
+
+    loop = TimerLoop(100.0, tick, on_timing=lambda *_: None, on_error=lambda e: None)
+    thread = loop.start()
+    time.sleep(0.1)
+    assert loop.stop(timeout=0.1) is False and thread.is_alive()
+    release.set()
+    thread.join(2.0)
+    assert not thread.is_alive() and len(ticks) == 1

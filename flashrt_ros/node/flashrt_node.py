@@ -408,7 +408,10 @@ class FlashrtNode(LifecycleNode):
 
     def _stop_loop(self) -> None:
         if self._loop is not None:
-            self._loop.stop()
+            if not self._loop.stop():
+                self.get_logger().warning(
+                    "the control thread is still inside a tick after 5 s; it ends after it"
+                )
             self._loop = None
         self.diagnostics.by_loop = False  # the executor's timer publishes them again
 

@@ -364,15 +364,20 @@ class TimerLoop:
         self._thread.start()
         return self._thread
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """End the loop; False when its thread is still inside a tick after `timeout` s (it
+        ends after that tick: its stop stays set, and a new activation makes a new loop)."""
         self._stop.set()
         if self.wake is not None:
             self.wake()
+        ended = True
         if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=timeout)
+            ended = not self._thread.is_alive()
             self._thread = None
         if self.lock is not None:
             self.lock.schedule(None)
+        return ended
 
     @property
     def running(self) -> bool:

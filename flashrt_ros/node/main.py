@@ -1,7 +1,8 @@
 """flashrt_node: `ros2 run flashrt_ros flashrt_node [--ros-args ...]`.
 
-Exit status: 0 after Ctrl-C or a shutdown, 2 on a bad parameter (each named, with what it
-accepts) or a failed autostart configure.
+Exit status: 0 after Ctrl-C (SIGINT or SIGTERM), 2 on a bad parameter (each named, with what
+it accepts) or a failed autostart configure. A lifecycle shutdown leaves the node finalized and
+the process running, as ROS lifecycle nodes do, until it is stopped.
 """
 
 from __future__ import annotations

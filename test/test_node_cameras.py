@@ -421,3 +421,27 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     frame_set(4)
     np.testing.assert_array_equal(command(), expect(obs[3], 4))
     assert "trigger observation on top + wrist" in proc.log_tail(200)
+
+
+def test_a_best_effort_camera_in_observation_mode_is_named_not_silently_unheard(ros):
+    """Observation mode subscribes reliably, so a camera driver that publishes BEST_EFFORT
+    (sensor-data QoS) is never matched: /diagnostics names the publisher (WARN) and the log says
+    what to change, once."""
+    from rclpy.qos import qos_profile_sensor_data
+
+    proc = ros.start_node(
+        {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS},
+        namespace="qos",
+    )
+    c = NodeClient(ros, proc)
+    d = c.wait_diag(lambda d: "qos_mismatch" in d, 5.0)
+    assert d["qos_mismatch"] == "", d  # the test's own publishers are reliable: all heard
+    pub = ros.node.create_publisher(
+        Image, proc.topic("camera/top/image_raw"), qos_profile_sensor_data
+    )
+    d = c.wait_diag(lambda d: d["qos_mismatch"] != "", 10.0)
+    assert "/qos/camera/top/image_raw" in d["qos_mismatch"], d
+    assert "best_effort" in d["qos_mismatch"] and d["_message"].startswith("a publisher"), d
+    c.wait_diag(lambda d: True, 3.0)  # one more status: the log line is still written once
+    assert proc.log_tail(200).count("its messages never arrive") == 1
+    ros.node.destroy_publisher(pub)

@@ -54,6 +54,7 @@ from flashrt_ros.node.loop import (
     throttle_note,
 )
 from flashrt_ros.node.polled import PolledGroup, take
+from flashrt_ros.node.qos_check import unmatched
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
@@ -106,6 +107,7 @@ class FlashrtNode(LifecycleNode):
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
+        self._unheard_logged: set[str] = set()  # publishers the QoS check has warned about
         self._frame_at = 0.0  # frame steps: when the last frame set was due (monotonic)
         self._frame_gap = 0.0  # and the time since the one before (a stale one's stale_s)
         self._due_lock = threading.Lock()
@@ -624,6 +626,28 @@ class FlashrtNode(LifecycleNode):
                 self.get_logger().debug(f"prestage of {key!r} skipped: {e}")
                 return False
 
+    def _unheard_publishers(self) -> list[str]:
+        """Observation mode subscribes reliably (lockstep must lose nothing): a BEST_EFFORT
+        publisher (many camera drivers) is then never matched, and nothing else says so.
+        Each such publisher is logged once; timer mode subscribes best-effort, matching all."""
+        cfg = self.cfg
+        if cfg is None or cfg.trigger != "observation":
+            return []
+        subs = list(self._subs) + ([c.sub for c in self._cams.cams] if self._cams else [])
+        try:
+            lines = unmatched(self, subs)
+        except Exception as e:  # noqa: BLE001 - the graph is gone (shutting down)
+            self.get_logger().debug(f"QoS check skipped: {e}")
+            return []
+        for line in lines:
+            if line not in self._unheard_logged:
+                self._unheard_logged.add(line)
+                self.get_logger().warning(
+                    f"{line}: its messages never arrive (observation mode subscribes reliably; "
+                    "make the publisher reliable, or use trigger:=timer, which takes both)"
+                )
+        return lines
+
     def _stale(self, why: str) -> None:
         """A step not taken for stale inputs; stale_s adds the time it stood for: a period of
         the timer, or, for frame steps, the time since the frame set before."""
@@ -829,6 +853,8 @@ class FlashrtNode(LifecycleNode):
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)
                 kv.update(self.flight.diagnostics(eng, live))
         kv["stale_stream"] = self._stale_why
+        unheard = self._unheard_publishers()
+        kv["qos_mismatch"] = "; ".join(unheard)
         kv["services_thread"] = self.service_host.serving_thread
         # whether the thread that steps polls now (busy_wait, while active): a core at 100 %
         busy = self.active and self.cfg is not None and self.cfg.busy_wait
@@ -871,6 +897,8 @@ class FlashrtNode(LifecycleNode):
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
         elif poisoned:
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
+        elif unheard:
+            level, message = DiagnosticStatus.WARN, f"a publisher is never heard: {unheard[0]}"
         status = DiagnosticStatus(
             level=level,
             name=f"{self.get_fully_qualified_name()}: control loop",

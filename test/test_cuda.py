@@ -257,3 +257,31 @@ def test_checkpoint_with_a_full_pool_evicts_and_restores_on_cuda():
     assert [c.name for c in eng.capsules()] == ["k2", "k3"]
     for c in caps[2:]:
         assert eng.restore(c.name, verify=True).checksum == c.checksum
+
+
+def test_host_tier_spill_save_and_pin_back_on_cuda(tmp_path):
+    """The host tier on CUDA: a spill is a queued copy into a pinned row; save_capsule waits for
+    it before writing the file, and pinning brings the capsule back into a device slot (the one
+    evicted for it spilling into its host row). Every byte survives each move."""
+    from test.engine_util import observations
+
+    eng = _cuda_engine(capsule_slots=2, host_capsule_slots=1)
+    obs = observations(40, seed=4)
+    caps = {}
+    for i, o in enumerate(obs[:3]):
+        eng.step(o)
+        caps[f"k{i}"] = eng.checkpoint(name=f"k{i}")
+    tiers = {i.name: i.tier for i in eng.capsules()}
+    assert tiers == {"k0": "host", "k1": "gpu", "k2": "gpu"}
+    path = eng.save_capsule("k0", tmp_path / "k0.fcap")  # right after its spill was queued
+    info = eng.pin("k0")  # back into k1's slot; k1 spills into k0's host row
+    assert info.pinned and info.tier == "gpu" and info.checksum == caps["k0"].checksum
+    assert {i.name: i.tier for i in eng.capsules()} == {"k0": "gpu", "k1": "host", "k2": "gpu"}
+    eng.restore("k0", verify=True)
+    a = [eng.step(o) for o in obs[3:20]]
+    assert eng.load_capsule(path, name="k0_file").checksum == caps["k0"].checksum
+    eng.restore("k0_file", verify=True)  # the file holds the spilled bytes, whole
+    b = [eng.step(o) for o in obs[3:20]]
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    for name in {i.name for i in eng.capsules()} - {"k0_file"}:
+        assert eng.restore(name, verify=True).checksum == caps[name].checksum

@@ -126,7 +126,8 @@ fi
 # --- DDS stays on this machine (docs/design.md, "Environment")
 export RMW_IMPLEMENTATION=rmw_fastrtps_cpp
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
-export ROS_STATIC_PEERS="${ROS_STATIC_PEERS:-}"
+# static peers are contacted whatever the discovery range (only OFF disables them): none here
+unset ROS_STATIC_PEERS
 unset ROS_LOCALHOST_ONLY  # deprecated; conflicts with ROS_AUTOMATIC_DISCOVERY_RANGE
 if [ -z "${ROS_DOMAIN_ID:-}" ]; then
   # a stable id in 1..100 from the checkout path (tests use 101..200, one per test)

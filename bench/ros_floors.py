@@ -68,6 +68,7 @@ def launch_floor(ros, kind: str, *args: str, log_dir: Path, env: dict | None = N
     env["ROS_DOMAIN_ID"] = str(ros.domain_id)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     env.pop("ROS_LOCALHOST_ONLY", None)
+    env.pop("ROS_STATIC_PEERS", None)
     env["PYTHONUNBUFFERED"] = "1"
     with open(log_path, "wb") as log:
         cmd = [sys.executable, str(Path(__file__).resolve()), kind, *args]

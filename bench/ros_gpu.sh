@@ -100,6 +100,7 @@ fi
 [ -x install/flashrt_ros/lib/flashrt_ros/flashrt_node ] || die "no flashrt_node in install/"
 python -c 'from flashrt_ros import srv; import rclpy' || die "the built interfaces do not import"
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST  # ros_bench picks its own ROS_DOMAIN_ID per node
+unset ROS_STATIC_PEERS  # contacted whatever the discovery range
 say "ROS_AUTOMATIC_DISCOVERY_RANGE=$ROS_AUTOMATIC_DISCOVERY_RANGE RMW_IMPLEMENTATION=$RMW_IMPLEMENTATION"
 
 # ---- 3. the benchmark

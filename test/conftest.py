@@ -91,6 +91,7 @@ def ros_domain(monkeypatch) -> int:
     monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
     monkeypatch.delenv("ROS_LOCALHOST_ONLY", raising=False)
+    monkeypatch.delenv("ROS_STATIC_PEERS", raising=False)  # contacted even with LOCALHOST
     monkeypatch.delenv("FLASHRT_MALLOC", raising=False)  # nodes start with their own settings
     return domain
 

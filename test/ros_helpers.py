@@ -59,10 +59,17 @@ def fresh_domain_id() -> int:
 def ros_domain(domain_id: int | None = None) -> Iterator[int]:
     """Set ROS_DOMAIN_ID (fresh unless given) and LOCALHOST discovery in os.environ; restore."""
     domain_id = fresh_domain_id() if domain_id is None else int(domain_id)
-    with preserved_environ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOCALHOST_ONLY"):
+    keys = (
+        "ROS_DOMAIN_ID",
+        "ROS_AUTOMATIC_DISCOVERY_RANGE",
+        "ROS_LOCALHOST_ONLY",
+        "ROS_STATIC_PEERS",
+    )
+    with preserved_environ(*keys):
         os.environ["ROS_DOMAIN_ID"] = str(domain_id)
         os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
         os.environ.pop("ROS_LOCALHOST_ONLY", None)
+        os.environ.pop("ROS_STATIC_PEERS", None)  # contacted even with LOCALHOST discovery
         yield domain_id
 
 

@@ -28,6 +28,7 @@ def _env(domain: int) -> dict[str, str]:
     env["ROS_DOMAIN_ID"] = str(domain)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     env.pop("ROS_LOCALHOST_ONLY", None)
+    env.pop("ROS_STATIC_PEERS", None)
     env.pop("FLASHRT_DEMO_DOMAIN_ID", None)
     return env
 
@@ -44,6 +45,13 @@ def test_demo_help():
     assert r.returncode == 0, r.stderr
     for opt in ("--out", "--duration", "--rate", "--domain-id", "--policy"):
         assert opt in r.stdout
+    # a bad FLASHRT_DEMO_DOMAIN_ID: --help still helps, a run is refused naming it (exit 2)
+    env = dict(_env(fresh_domain_id()), FLASHRT_DEMO_DOMAIN_ID="abc")
+    demo = [sys.executable, "-m", "flashrt_ros.demo"]
+    r = subprocess.run([*demo, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "--domain-id" in r.stdout, r.stderr
+    r = subprocess.run(demo, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "FLASHRT_DEMO_DOMAIN_ID" in r.stderr, r.stderr
 
 
 def test_demo_runs_end_to_end(tmp_path):

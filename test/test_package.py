@@ -29,6 +29,24 @@ def test_dds_isolation_env(ros_domain):
     assert os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
     assert os.environ["ROS_DOMAIN_ID"] == str(ros_domain)
     assert 101 <= ros_domain <= 200
+    assert "ROS_STATIC_PEERS" not in os.environ  # contacted whatever the discovery range
+
+
+def test_env_sh_drops_a_users_static_peers():
+    """ROS contacts static peers even with LOCALHOST discovery: a user's list must not reach
+    the shell env.sh sets up (nor, through it, any test, demo or benchmark)."""
+    import subprocess
+
+    env = dict(os.environ, ROS_STATIC_PEERS="192.0.2.1")
+    out = subprocess.run(
+        ["bash", "-c", '. ./env.sh >/dev/null 2>&1; echo "${ROS_STATIC_PEERS-unset}"'],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == "unset"
 
 
 def test_params_file_has_every_default():

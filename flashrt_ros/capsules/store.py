@@ -108,7 +108,8 @@ class CapsuleStore:
         if header["fingerprint"] != self.fingerprint:
             raise FingerprintMismatch(
                 f"{path}: capsule fingerprint {header['fingerprint']} does not match this "
-                f"engine's {self.fingerprint} (other policy, weights, layout or device)"
+                f"engine's {self.fingerprint} (other policy, weights, layout, device or noise "
+                "version)"
             )
         if header["nbytes"] != self.nbytes or header["layout"] != self.layout:
             raise FingerprintMismatch(f"{path}: state layout differs from this engine's")

@@ -34,8 +34,8 @@ reads the goal from the image) gets its goals through the camera only, and with 
 what-if part (2: try_b / try_c and their rollouts) is skipped, as ``~/rollout`` takes vector
 observations only; the summary says so (story.py). With cameras the planner also snapshots the
 first camera at the story's moments: camera_frames.npz, and a row of frames in demo.png.
-Exit status: 0 when every capsule operation succeeded, 1 otherwise, 2 when the nodes did not
-come up, 130 when interrupted.
+Exit status: 0 when every capsule operation succeeded, 1 when one failed or a node ended during
+the story, 2 when the nodes did not come up, 130 when interrupted.
 
 Modules: cli (options, main), children (the node subprocesses), planner (the rclpy client),
 story (the scripted checkpoint / branch / rollout / restore), summary (summary.json and the

@@ -54,11 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"(default {DEFAULT_DURATION:g}; at least 8)",
     )
     ap.add_argument("--rate", type=float, default=50.0, help="policy rate in Hz (default 50)")
-    env_dom = os.environ.get("FLASHRT_DEMO_DOMAIN_ID")
+    env_dom = os.environ.get("FLASHRT_DEMO_DOMAIN_ID", "")
     ap.add_argument(
         "--domain-id",
         type=int,
-        default=int(env_dom) if env_dom else DEFAULT_DOMAIN_ID,
+        default=int(env_dom) if env_dom.strip().isdigit() else DEFAULT_DOMAIN_ID,
         help="ROS_DOMAIN_ID for the demo's nodes (default $FLASHRT_DEMO_DOMAIN_ID "
         f"or {DEFAULT_DOMAIN_ID}); discovery always stays on localhost",
     )
@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds to wait for the nodes to come up (default 90)",
     )
     args = ap.parse_args(argv)
+    if env_dom and not env_dom.strip().isdigit() and "--domain-id" not in (argv or sys.argv):
+        ap.error(f"FLASHRT_DEMO_DOMAIN_ID must be a domain id (0-232), got {env_dom!r}")
     if not (args.duration >= 8.0):
         ap.error("--duration must be at least 8 s")
     if not (math.isfinite(args.rate) and 1.0 <= args.rate <= 1000.0):
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ROS_DOMAIN_ID"] = str(args.domain_id)
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     os.environ.pop("ROS_LOCALHOST_ONLY", None)
+    os.environ.pop("ROS_STATIC_PEERS", None)  # static peers are contacted even with LOCALHOST
     env = dict(os.environ, PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
     node_env = dict(env)
     node_env.setdefault("OMP_NUM_THREADS", "1")  # a tiny model: one thread steps it fastest
@@ -125,19 +128,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    died: list[str] = []  # children that ended on their own during the story
     try:
-        start_nodes(
-            children,
-            out,
-            args.rate,
-            SIM_RATE_HZ,
-            env,
-            node_env,
-            policy=info.spec,
-            cameras=info.cameras,
-            image_hw=info.image_hw,
-            camera_rate_hz=CAMERA_RATE_HZ,
-        )
+        try:
+            start_nodes(
+                children,
+                out,
+                args.rate,
+                SIM_RATE_HZ,
+                env,
+                node_env,
+                policy=info.spec,
+                cameras=info.cameras,
+                image_hw=info.image_hw,
+                camera_rate_hz=CAMERA_RATE_HZ,
+            )
+        except DemoError as e:  # the nodes did not come up (not built, say): exit 2
+            print(f"flashrt demo: error: {e}", file=sys.stderr)
+            return 2
         planner = Planner(args.domain_id, cameras=info.cameras)
         print("starting flashrt_sim_arm and flashrt_node (torch import takes a few seconds) ...")
         try:
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = build_summary(
             args, story, trajectory, startup, time.monotonic() - wall0, diag0, diag1, listing, info
         )
+        died = [f"{c.name} ({c.proc.returncode})" for c in children if c.proc.poll() is not None]
     except KeyboardInterrupt:
         print("\nflashrt demo: interrupted; stopping the nodes", file=sys.stderr)
         return 130
@@ -198,5 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary, out)
     if not summary["all_ops_ok"]:
         print("flashrt demo: some capsule operations failed (see above)", file=sys.stderr)
+        return 1
+    if died:  # the story ran without them: what it shows is not the arm's
+        print(
+            f"flashrt demo: {', '.join(died)} ended during the story (exit code in brackets; "
+            "see the logs)",
+            file=sys.stderr,
+        )
         return 1
     return 0

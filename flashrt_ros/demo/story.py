@@ -156,11 +156,13 @@ class Story:
         q, dq = self.p.state()
         model = ArmModel(dt=1.0 / SIM_RATE_HZ)
         model.reset(np.clip(q, model.lower, model.upper), dq)  # from the measured velocity too
-        substeps = max(1, round(SIM_RATE_HZ / self.rate_hz))
+        # the model runs on the sim's clock and holds each action for the policy's period, as
+        # the robot does, whatever the ratio of the two rates
+        dt, sim_t = 1.0 / SIM_RATE_HZ, 0.0
         n_steps = max(1, round(horizon_s * self.rate_hz))
         t = self.now()
         rtts, actions = [], []
-        for _ in range(n_steps):
+        for k in range(n_steps):
             obs = model.observation()
             resp, rtt = self.p.call(
                 "rollout",
@@ -175,8 +177,10 @@ class Story:
                 break
             a = np.asarray(resp.actions, dtype=float)
             actions.append(a)
-            for _ in range(substeps):
+            policy_t = (k + 1) / self.rate_hz
+            while sim_t + dt <= policy_t + 1e-9:
                 model.step(a)
+                sim_t += dt
         ok = len(actions) == n_steps
         goal = np.asarray(GOALS[goal_name])
         final_target = actions[-1] if actions else np.full(6, np.nan)

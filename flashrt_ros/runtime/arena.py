@@ -109,9 +109,18 @@ class Arena:
 
 
 def fingerprint(policy_id: str, weights_digest: str, layout: list[dict], device_type: str) -> str:
-    """Digest of what gives a capsule meaning: which policy, weights, layout and device."""
+    """Digest of what gives a capsule meaning: which policy, weights, layout and device, and
+    the version of the counter-based noise (the same state draws other noise under another)."""
+    from flashrt_ros.policies import rng
+
     blob = json.dumps(
-        {"policy": policy_id, "weights": weights_digest, "layout": layout, "device": device_type},
+        {
+            "policy": policy_id,
+            "weights": weights_digest,
+            "layout": layout,
+            "device": device_type,
+            "noise": rng.VERSION,
+        },
         sort_keys=True,
     ).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

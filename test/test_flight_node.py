@@ -174,3 +174,56 @@ def test_a_step_error_dumps_the_frozen_ring_from_the_flight_thread(ros, tmp_path
     (dump,) = (capdir / "flight").iterdir()
     assert dump.name.startswith("main-") and dump.name.endswith("-fault"), dump.name
     assert sorted(f.name for f in dump.iterdir()) == [f"main-{t}.fcap" for t in range(4, 8)]
+
+
+def test_stamps_follow_the_state_across_a_rewind_and_a_fault(ros, tmp_path):
+    """A stamp says which observation a recorded state consumed. After a rewind the step
+    numbers past it are reached again by other ticks: a step that faults there keeps its own
+    observation's stamp (it had kept the stamp of the step it replaced), so ~/rewind by time
+    and the dumps' headers point at the right tick."""
+    from flashrt_ros.capsules import diskfmt
+
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "observation",
+                "device": "cpu",
+                "policy": "test.nan_policy:nan_above",
+                "flight_ticks": 8,
+                "capsule_dir": str(capdir),
+            },
+            wait_services=("rewind", "dump_flight"),
+        )
+    node = NodeClient(ros, proc)
+    js = ros.node.create_publisher(JointState, proc.topic("joint_states"), 100)
+    assert ros.spin_until(lambda: js.get_subscription_count() > 0, 20), "joint_states unmatched"
+
+    def send(o: np.ndarray, i: int) -> None:
+        m = JointState(name=JOINTS, position=o[:6].tolist(), velocity=o[6:].tolist())
+        m.header.stamp = stamp(i)
+        js.publish(m)
+
+    def rewind(**fields) -> Rewind.Response:
+        return ros.call(ros.client(Rewind, proc.service("rewind")), Rewind.Request(**fields), 10)
+
+    for i in range(12):  # steps 1..12, step k consumed OBS[k - 1] stamped stamp(k - 1)
+        n = len(node.commands)
+        send(OBS[i], i)
+        assert ros.spin_until(lambda n=n: len(node.commands) > n, 10), proc.log_tail()
+    assert rewind(steps_back=3).step == 9
+    bad = OBS[9].copy()
+    bad[3] = 600.0  # step 10 faults on an observation stamped stamp(30)
+    send(bad, 30)
+    assert ros.spin_until(lambda: "fault) to" in proc.log_tail(400), 20), proc.log_tail()
+    d = ros.call(ros.client(DumpFlight, proc.service("dump_flight")), DumpFlight.Request(), 10)
+    assert d.success, d.message
+    stamps = {
+        diskfmt.read_capsule_header(f)["step"]: diskfmt.read_capsule_header(f)["stamp"]
+        for f in d.files
+    }
+    assert abs(stamps[10] - (T0 + 0.30)) < 1e-6, stamps  # the faulted step's own observation
+    assert abs(stamps[9] - (T0 + 0.08)) < 1e-6, stamps
+    r = rewind(stamp=stamp(9, 5_000_000))  # step 10 consumed stamp(30): step 9 is the one
+    assert r.success and r.step == 9, r.message

@@ -123,6 +123,7 @@ class FlashrtNode(LifecycleNode):
         self.service_host.after_replies = self.control.write_said
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
+        self.control.on_moved = self.flight.forget
         self.diagnostics = Diagnostics(
             self, self.diagnostic_array, self.control.lock, group=self._cb_services
         )

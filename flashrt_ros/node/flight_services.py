@@ -87,6 +87,11 @@ class StampRing:
         self.stamps[i] = stamp
         self.lines[i] = line
 
+    def forget_after(self, step: int) -> None:
+        """Drop the stamps of steps after `step`: the session is back there, and those step
+        numbers will be reached again by other ticks (or by steps with no stamp)."""
+        self.steps[self.steps > step] = -1
+
     def get(self, step: int, line: str) -> int | None:
         """The stamp of `step` in `line`, or None when it was not recorded."""
         i = step % self.n
@@ -238,6 +243,14 @@ class FlightServices:
         ring.put(s.steps, s.parent_id, self._pending_ns)
         self._moves[session] = self._moves.get(session, 0) + 1
 
+    def forget(self, eng, session: str) -> None:
+        """The session's state was put elsewhere by a request (restore, branch, reset, a
+        committed rollout; engine lock held): stamps of the steps after where it stands now
+        belong to a past that is gone."""
+        ring = self._rings.get(session) if eng is self._engine else None
+        if ring is not None:
+            ring.forget_after(eng.session(session).steps)
+
     def _stamp(self, eng, s, step: int) -> int | None:
         ring = self._rings.get(s.name) if eng is self._engine else None
         return None if ring is None else ring.get(step, s.parent_id)
@@ -353,6 +366,7 @@ class FlightServices:
             if target < cur:
                 eng.rewind(cur - target, session)
                 self._moves[session] = self._moves.get(session, 0) + 1
+                self.forget(eng, session)  # steps past the target will be ticked anew
             info = eng.checkpoint(session) if req.keep else None
             step = eng.session_step(session)
         resp.success, resp.step = True, step
@@ -406,7 +420,13 @@ class FlightServices:
     def on_step_error(self, eng, session: str) -> None:
         """A step of the live session failed (engine lock held, control thread): ask for a dump
         of what led there. No copy, no allocation, no disk here: the poisoned session does not
-        step, so its ring waits for the flight thread unchanged."""
+        step, so its ring waits for the flight thread unchanged. A step that faulted after
+        moving the session on consumed the pending observation: its stamp is kept like a
+        tick's (a step that did not move finds its own stamp there already)."""
+        ring = self._rings.get(session) if eng is self._engine else None
+        s = eng.session(session)
+        if eng.flight_ticks and (ring is None or ring.get(s.steps, s.parent_id) is None):
+            self.tick(eng, session)
         self._want(eng, session, "fault")
 
     def on_deactivate(self) -> None:

@@ -824,7 +824,8 @@ NODE_PARAMS = ParamTable(
             "flight_ticks",
             0,
             "integer",
-            "states of the last N ticks kept per session for ~/rewind and ~/dump_flight (0 = off)",
+            "states of the last N ticks kept per session for ~/rewind and ~/dump_flight, the "
+            "current one included: a rewind goes back at most N-1 ticks (0 = off)",
             lo=0,
             hi=100_000,
         ),

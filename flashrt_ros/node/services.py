@@ -65,6 +65,9 @@ class Control:
         # ~170 us against ~100 us without the line: 2-core CPU machine, 100 Hz timer, ad hoc,
         # not committed).
         self._said: collections.deque[tuple[bool, str]] = collections.deque()
+        # told (engine lock held) when a request put a session's state elsewhere than its last
+        # tick left it: the flight recorder forgets the stamps of steps past it (the node sets it)
+        self.on_moved: Callable[[object, str], None] = lambda eng, session: None
 
     def say(self, text: str, warn: bool = False) -> None:
         """A line about a request, written after the reply (write_said). For handlers, which
@@ -221,6 +224,7 @@ class CapsuleServices:
             session = self.ctl.user_session(eng, req.session)
             was = eng.poisoned(session)
             info = eng.restore(req.capsule, session, verify=req.verify)
+            self.ctl.on_moved(eng, session)
             step = eng.session_step(session)
         resp.success, resp.capsule, resp.step = True, capsule_msg(info), step
         resp.message = f"restored {info.id} into {session!r}: step {step}" + (
@@ -234,6 +238,7 @@ class CapsuleServices:
             eng = self.ctl.configured()
             goal = list(req.goal) if len(req.goal) else None
             info = eng.branch(req.capsule, req.session, goal=goal)
+            self.ctl.on_moved(eng, req.session)
             step = eng.session_step(req.session)
             if req.activate:
                 self.ctl.live = req.session
@@ -287,6 +292,7 @@ class CapsuleServices:
             session = self.ctl.user_session(eng, req.session)
             was = eng.poisoned(session)
             eng.reset(session)
+            self.ctl.on_moved(eng, session)
             step = eng.session_step(session)
         resp.success, resp.step = True, step
         resp.message = f"session {session!r} reset to its initial state (step {step})" + (
@@ -375,6 +381,7 @@ class CapsuleServices:
         with ctl.lock:
             self._same_engine(eng)
             target = self._prepare_rollout(eng, req)
+            ctl.on_moved(eng, target)  # a committed rollout's steps carry no observation stamp
         recent = collections.deque([FIRST_STEP_COST_S], maxlen=15)
         cost = FIRST_STEP_COST_S
         actions = np.empty((n, eng.action_dim))

@@ -386,6 +386,8 @@ def test_every_bad_argument_is_a_bad_request_and_changes_nothing():
         {"seed": 1.5},
         {"seed": "0"},
         {"seed": False},
+        {"seed": -1},  # the noise key takes 31 bits: -1 drew 2**31 - 1's noise
+        {"seed": 2**31},  # and 2**31 drew seed 0's
         {"device": None},
         {"device": 0},
         {"device": "tpu"},

@@ -72,3 +72,24 @@ def test_export_without_state_or_bad_arity_is_refused(tmp_path):
     torch.export.save(torch.export.export(NoGoal(), (torch.zeros(12),)), str(p))
     with pytest.raises(ValueError, match="obs, goal"):
         load_policy(str(p))
+
+
+def test_a_program_whose_state_would_broadcast_or_that_draws_noise_is_refused(tmp_path):
+    """A new state of another shape than its input would be broadcast into the arena (and
+    another dtype cast) after every step; randomness drawn inside the program is not in the
+    arena, so no restore could replay it. Both are refused at load, naming the problem."""
+
+    class WrongStateShape(torch.nn.Module):
+        def forward(self, obs, goal, h):
+            return obs[:6], (h.sum() + obs.sum())[None]
+
+    class DrawsNoise(torch.nn.Module):
+        def forward(self, obs, goal, h):
+            return obs[:6] + torch.randn(6), h + 1
+
+    args = (torch.zeros(12), torch.zeros(6), torch.zeros(16))
+    for m, match in ((WrongStateShape(), "shape and dtype"), (DrawsNoise(), "randomness")):
+        p = tmp_path / f"{type(m).__name__}.pt2"
+        torch.export.save(torch.export.export(m, args), str(p))
+        with pytest.raises(ValueError, match=match):
+            load_policy(str(p))

@@ -133,7 +133,6 @@ def test_no_stats_changes_nothing_and_noise_and_capsules_still_work():
         (lambda s: s["observation.state"].pop("std"), r"observation.state.*'std'"),
         (lambda s: s["action"]["mean"].__setitem__(0, np.nan), r"action.*NaN"),
         (lambda s: s["action"].__setitem__("std", np.ones(5)), r"shape \(5,\).*\(3,\)"),
-        (lambda s: s.__setitem__("observation.images.side", {}), r"does not declare"),
         (lambda s: s["action"].__setitem__("mean", "abc"), r"not numeric"),
     ],
 )
@@ -153,3 +152,16 @@ def test_bad_policy_mode_or_eps_is_refused():
         with_stats(module(), stats(), eps=0.0)
     with pytest.raises(BadRequest, match="stats must be a dict"):
         with_stats(module(), [1, 2])
+
+
+def test_a_datasets_stats_with_columns_the_policy_does_not_declare_are_taken():
+    """dataset.meta.stats holds every column of the dataset (timestamp, frame_index, index,
+    episode_index, task_index, cameras the policy does not use): only the declared features
+    are normalized, the rest is ignored as LeRobot's normalizer ignores it."""
+    st = stats()
+    plain = with_stats(module(), st)
+    extra = {k: {"mean": np.zeros(1), "std": np.ones(1)} for k in ("timestamp", "index")}
+    extra["observation.images.side"] = {"mean": np.zeros((3, 1, 1)), "std": np.ones((3, 1, 1))}
+    wider = with_stats(module(), {**st, **extra})
+    assert [n for n, _ in wider.named_buffers()] == [n for n, _ in plain.named_buffers()]
+    assert all(torch.equal(a, b) for a, b in zip(wider.buffers(), plain.buffers(), strict=True))

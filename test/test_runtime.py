@@ -220,3 +220,22 @@ def test_a_weights_file_reaches_the_factory_or_is_refused(tmp_path):
     # LeRobot-shaped in its attributes, but not a torch module: refused at load, not at build
     with pytest.raises(BadRequest, match="neither a flashrt Policy"):
         load_policy("test.tiny_policy:not_a_module")
+
+
+def test_weights_digest_tells_dtypes_and_shapes_and_takes_bfloat16():
+    """The same bytes as another dtype or shape are other weights (the digest hashed bytes
+    only); a bfloat16 parameter, which numpy cannot hold, digests instead of failing."""
+    from test.tiny_policy import TinyPolicy
+
+    def digest(t: torch.Tensor) -> str:
+        p = TinyPolicy()
+        p.register_buffer("extra", t)
+        return p.weights_digest()
+
+    a, b = digest(torch.zeros(2, 3)), digest(torch.zeros(3, 2))
+    c = digest(torch.zeros(6, dtype=torch.int32))
+    assert len({a, b, c}) == 3
+    half = digest(torch.ones(4, dtype=torch.bfloat16))
+    assert half != digest(torch.ones(4, dtype=torch.float16))
+    p = TinyPolicy().to(torch.bfloat16)
+    assert len(p.weights_digest()) == 32

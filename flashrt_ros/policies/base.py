@@ -160,9 +160,12 @@ class Policy(torch.nn.Module):
         raise NotImplementedError
 
     def weights_digest(self) -> str:
-        """Digest of every parameter and buffer, so capsules of other weights are refused."""
+        """Digest of every parameter and buffer (name, dtype, shape and bytes: the same bytes
+        as another dtype or shape are other weights), so capsules of other weights are refused.
+        The bytes are read as uint8, so dtypes numpy lacks (bfloat16) digest too."""
         h = hashlib.sha256()
         for name, t in sorted(self.state_dict().items()):
-            h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:32]

@@ -41,6 +41,29 @@ class ExportedPolicy(Policy):
         out = self._fn(obs, goal, *state)
         if not isinstance(out, (tuple, list)) or len(out) != 1 + len(state):
             raise ValueError(f"{path}: must return (action, *new_state) with {len(state)} states")
+        if not (isinstance(out[0], torch.Tensor) and out[0].is_floating_point()):
+            raise ValueError(f"{path}: the action must be a floating-point tensor")
+        for i, (new, old) in enumerate(zip(out[1:], state, strict=True)):
+            # copied in place after each step: another shape would broadcast, another dtype cast
+            if not isinstance(new, torch.Tensor) or (new.shape, new.dtype) != (
+                old.shape,
+                old.dtype,
+            ):
+                got = (tuple(new.shape), new.dtype) if isinstance(new, torch.Tensor) else new
+                raise ValueError(
+                    f"{path}: new state {i} must have its input's shape and dtype "
+                    f"{(tuple(old.shape), old.dtype)}, got {got}"
+                )
+        # a second call on the same inputs must agree: randomness drawn inside the program
+        # would not be in the arena, so no restore could replay it
+        with torch.random.fork_rng(devices=[]):
+            again = self._fn(obs, goal, *state)
+        if not all(torch.equal(a, b) for a, b in zip(out, again, strict=True)):
+            raise ValueError(
+                f"{path}: two calls on the same inputs differ: the program draws randomness (or "
+                "reads something outside its inputs) that a capsule cannot hold; pass noise in "
+                "as a state tensor instead"
+            )
         self.policy_id = f"exported:{path.name}"
         self.obs_dim, self.goal_dim = int(obs.shape[0]), int(goal.shape[0])
         self.action_dim = int(out[0].reshape(-1).shape[0])

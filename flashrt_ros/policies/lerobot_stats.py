@@ -20,13 +20,16 @@ result is LeRobot-shaped again:
 dict of tensors or arrays: "mean"/"std" (MEAN_STD), "min"/"max" (MIN_MAX), "q01"/"q99"
 (QUANTILES), "q10"/"q90" (QUANTILE10). Which mode each feature gets comes from the policy's
 `config.normalization_mapping` (feature type -> mode), as in LeRobot; a type it does not map,
-or a feature without stats, passes through unchanged, also as in LeRobot. This module imports
-no LeRobot code.
+or a feature without stats, passes through unchanged, also as in LeRobot. Entries for names
+the config does not declare (a dataset's `timestamp`, `frame_index`, `index`, a camera the
+policy does not use) are ignored, as LeRobot's normalizer ignores them, and logged once. This
+module imports no LeRobot code.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Mapping
 
@@ -45,6 +48,8 @@ MODES: dict[str, tuple[str, str]] = {
     "QUANTILES": ("q01", "q99"),
     "QUANTILE10": ("q10", "q90"),
 }
+
+log = logging.getLogger(__name__)
 
 
 def _features(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -98,9 +103,9 @@ class WithStats(nn.Module):
             for k, v in dict(getattr(cfg, "normalization_mapping", {})).items()
         }
         feats = _features(cfg)
-        unknown = sorted(set(stats) - set(feats))
-        if unknown:
-            raise BadRequest(f"stats for {unknown}, which the policy's config does not declare")
+        unknown = sorted(map(str, set(stats) - set(feats)))
+        if unknown:  # a dataset's stats cover all its columns: only the declared ones are used
+            log.info("with_stats: ignoring stats of %s, which the config does not declare", unknown)
         self._plan: dict[str, tuple[str, str, str]] = {}  # name -> (mode, buffer a, buffer b)
         for i, (name, (ftype, shape)) in enumerate(feats.items()):
             mode = mapping.get(ftype, "IDENTITY")

@@ -187,7 +187,9 @@ class Engine:
         before anything is allocated."""
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
-        seed = _int(seed, "seed", -(2**63), 2**63 - 1)
+        # the policies' noise keys take 31 bits (the node's `seed` parameter's range): a wider
+        # seed would alias another (2**31 drew seed 0's noise) while its capsules said otherwise
+        seed = _int(seed, "seed", 0, 2**31 - 1)
         capsule_slots = _int(capsule_slots, "capsule_slots", 1, 1 << 20)
         host_capsule_slots = _int(host_capsule_slots, "host_capsule_slots", 0, 1 << 20)
         max_sessions = _int(max_sessions, "max_sessions", 1, 1 << 16)

@@ -249,3 +249,38 @@ def test_on_cuda_a_warm_start_loads_the_captured_fused_step_bit_for_bit(tmp_path
     again = engine_run(tmp_path / "cache", tmp_path / "b.npy", "cuda")
     assert [": loaded in " in e for e in again["events"]] == [True], again["events"]
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+
+EDITED_CHILD = """
+import json, sys
+sys.path.insert(0, {folder!r})
+import helped_policy  # the helper's first version is in memory now
+open({helper!r}, "w").write({new!r})  # and the file is edited (a git pull under a running node)
+from flashrt_ros import Engine
+eng = Engine(helped_policy.Helped(), device="cpu", fuse=True, compile_cache_dir={cache!r})
+print("EVENTS " + json.dumps(eng.precompiled.events))
+"""
+
+
+def test_a_helper_edited_after_the_process_started_is_never_saved_under_its_new_source(tmp_path):
+    """torch records an inlined module's source from the disk, while the step it compiled is
+    the code in memory: a helper edited after the process imported it would be saved as the
+    new source with the old code, and every later start would serve the old code. Such a
+    step is compiled and served, not saved; the next process compiles the new helper."""
+    src = IMPORTS + "from policy_helper import squash\n" + policy_class("Helped", SQUASHED)
+    (tmp_path / "helped_policy.py").write_text(src)
+    helper = tmp_path / "policy_helper.py"
+    helper.write_text("import torch\n\ndef squash(x):\n    return torch.tanh(x)\n")
+    for f in tmp_path.glob("*.py"):
+        _before_start(f)
+    new = "import torch\n\ndef squash(x):\n    return 0.5 * torch.tanh(x)\n"
+    code = EDITED_CHILD.format(
+        folder=str(tmp_path), helper=str(helper), new=new, cache=str(tmp_path / "cache")
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    (ev,) = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("EVENTS ")][-1][7:])
+    assert "not saved" in ev and "policy_helper changed on disk after this process" in ev, ev
+    later = check_run(tmp_path, "helped_policy", "Helped")
+    assert [": compiled in " in e for e in later["events"]] == [True], later["events"]
+    assert later["max_diff"] < 1e-6  # the new helper's actions

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,8 +82,11 @@ def use_compile_cache(folder: str | Path | None, key: str) -> Path | None:
     path = Path(folder).expanduser() / key
     try:
         path.mkdir(parents=True, exist_ok=True)
+        for sub in (path, path / "inductor", path / "triton"):  # an existing folder may be
+            if sub.is_dir():  # read-only (a mounted cache): inductor's lock files need writes
+                tempfile.TemporaryFile(dir=sub).close()
     except OSError as e:  # a cache only saves time: never fail a start for it (read-only HOME)
-        log.warning("compile cache off: cannot create %s (%s); torch's defaults apply", path, e)
+        log.warning("compile cache off: cannot write %s (%s); torch's defaults apply", path, e)
         return None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path / "inductor")
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")

@@ -44,7 +44,27 @@ log = logging.getLogger(__name__)
 
 FORMAT = 2  # bump when what is saved, or how it is checked, changes
 _PACKAGE = Path(__file__).resolve().parents[1]  # flashrt_ros/
-_STARTED = time.time()  # files changed after this are not the code this process runs
+
+
+def _process_start() -> float:
+    """When this process started (wall clock; Linux /proc), else now: files changed after it
+    may not be the code the process runs (a module imported before this one was, then edited,
+    counts too). /proc's boot time has 1 s steps: the result is early rather than late, which
+    only ever declines a cache."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, in clock ticks
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return btime + ticks / os.sysconf("SC_CLK_TCK") - 1.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_STARTED = _process_start()  # files changed after this are not the code this process runs
 
 
 def _sources(policy: torch.nn.Module) -> list[Path] | None:
@@ -190,6 +210,20 @@ def _inlined(compiled) -> dict[str, str] | None:
         return None
 
 
+def _edited_since_start(modules) -> str | None:
+    """The first of `modules` (names) whose file changed after this process started: the code
+    in memory is then not the source on disk, which is what torch records of an inlined module
+    (an artifact saved so would hold the old code under the new source)."""
+    for module in modules or ():
+        f = getattr(sys.modules.get(module), "__file__", None)
+        try:
+            if f and os.stat(f).st_mtime > _STARTED:
+                return module
+        except OSError:
+            return module
+    return None
+
+
 def _changed_source(recorded: dict[str, str] | None) -> str | None:
     """The first inlined module whose source is not the one recorded, or None."""
     for module, digest in (recorded or {}).items():
@@ -255,8 +289,11 @@ class PrecompiledSteps:
         try:
             record = json.loads(meta.read_text())
             changed = _changed_source(record.get("sources"))
+            edited = _edited_since_start(record.get("sources"))
             if changed is not None:
                 why = f"the source of {changed} changed since it was compiled"
+            elif edited is not None:
+                why = f"{edited} changed on disk after this process started"
             else:
                 with path.open("rb") as f:
                     fn = torch.compiler.load_compiled_function(f)
@@ -270,7 +307,10 @@ class PrecompiledSteps:
             log.warning("precompiled step %s not used (%s); compiling it again", path, why)
             self.events.append(f"{name}: not used ({why}), compiled again")
             for p in (path, meta):
-                p.unlink(missing_ok=True)
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError as e:  # a read-only cache: the step is compiled, nothing saved
+                    log.warning("cannot remove %s (%s)", p, e)
             return None
         self.events.append(f"{name}: loaded in {time.perf_counter() - t:.2f} s")
         return fn
@@ -289,7 +329,10 @@ class PrecompiledSteps:
             "torch": torch.__version__,
             "saved": time.time(),
         }
+        edited = _edited_since_start(record["sources"])
         try:  # a cache only saves time: a folder or a step that cannot be written is no failure
+            if edited is not None:  # torch recorded the disk's source, not the code it compiled
+                raise RuntimeError(f"{edited} changed on disk after this process started")
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".{name}.{os.getpid()}.tmp"
             try:

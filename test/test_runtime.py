@@ -239,3 +239,17 @@ def test_weights_digest_tells_dtypes_and_shapes_and_takes_bfloat16():
     assert half != digest(torch.ones(4, dtype=torch.float16))
     p = TinyPolicy().to(torch.bfloat16)
     assert len(p.weights_digest()) == 32
+
+
+def test_an_explicit_weights_file_of_another_config_is_refused():
+    """Weights trained with another head count have the same shapes, so they loaded without a
+    word when given explicitly (the shipped file was compared, an explicit one was not)."""
+    from flashrt_ros.policies.loader import BUILTIN_WEIGHTS
+    from flashrt_ros.policies.visuomotor_common import WEIGHTS_DIR
+
+    with pytest.raises(BadRequest, match="n_heads=4 .asked 8."):
+        load_policy("builtin:hybrid", weights=str(BUILTIN_WEIGHTS), n_heads=8)
+    assert load_policy("builtin:hybrid", weights=str(BUILTIN_WEIGHTS), kv_len=128).obs_dim == 12
+    act = WEIGHTS_DIR / "act.pt"
+    with pytest.raises(BadRequest, match="n_heads"):
+        load_policy("builtin:act", weights=str(act), n_heads=8)

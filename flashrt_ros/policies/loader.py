@@ -97,7 +97,10 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
         shapes_fixed = {k: v for k, v in overrides.items() if k not in ("kv_len", "noise_std")}
         path = Path(weights) if weights else BUILTIN_WEIGHTS
         if weights or (not shapes_fixed and BUILTIN_WEIGHTS.exists()):
-            load_weights(policy, path, policy.policy_id)  # written by tools/train_hybrid.py
+            # written by tools/train_hybrid.py; its config must be this one's, but for the
+            # fields the weights do not depend on
+            mine = dataclasses.asdict(cfg)
+            load_weights(policy, path, policy.policy_id, mine, ("kv_len", "noise_std"))
         elif not shapes_fixed:
             log.warning("no trained weights at %s: builtin:hybrid runs with seeded init", path)
         return policy.eval()

@@ -261,10 +261,18 @@ class SpatialSoftmax(nn.Module):
 
 
 # -- weights files ---------------------------------------------------------------------------------
-def load_weights(module: nn.Module, path: str | Path, what: str) -> dict:
+def load_weights(
+    module: nn.Module,
+    path: str | Path,
+    what: str,
+    config: dict | None = None,
+    runtime_only: tuple[str, ...] = (),
+) -> dict:
     """Load a ``{"config", "state_dict", "meta"}`` file (builtin:hybrid's, act's, diffusion's)
     into ``module`` (``what`` names it in errors); returns its meta. BadRequest (a ValueError)
-    when the file is missing, unreadable or does not fit."""
+    when the file is missing, unreadable or does not fit. With ``config`` (the module's, as a
+    dict) the file's config must agree on every field but ``runtime_only``: weights trained
+    with another head count, say, have the same shapes and would load without a word."""
     path = Path(path)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
@@ -273,6 +281,14 @@ def load_weights(module: nn.Module, path: str | Path, what: str) -> dict:
         raise BadRequest(f"weights file not found: {path}") from None
     except Exception as e:
         raise BadRequest(f"{path}: not a flashrt {what} weights file ({e})") from e
+    saved = blob.get("config") if isinstance(blob, dict) else None
+    if config is not None and isinstance(saved, dict):
+        differ = sorted(
+            k for k, v in config.items() if k not in runtime_only and k in saved and saved[k] != v
+        )
+        if differ:
+            pairs = ", ".join(f"{k}={saved[k]!r} (asked {config[k]!r})" for k in differ)
+            raise BadRequest(f"{path}: weights trained with another {what} config: {pairs}")
     try:
         module.load_state_dict(sd)
     except RuntimeError as e:
@@ -322,7 +338,7 @@ def make_policy(
         torch.manual_seed(0)
         policy = policy_cls(cfg)
     if weights is not None:
-        load_weights(policy, weights, what)
+        load_weights(policy, weights, what, cfg.to_dict(), runtime_only)
     elif size == "sim":
         saved = saved_config(trained)
         mine = cfg.to_dict()

@@ -10,18 +10,24 @@ on that machine (bench/aot_probe.py).
 What guards against a stale artifact:
 - its folder is keyed by the engine fingerprint (policy, weights, state layout, device type) and
   by what the compiled code depends on beyond it: torch and Python versions, the GPU's name and
-  compute capability (the CPU's instruction set on the CPU), the source of this package and of
-  the policy's module classes;
+  compute capability (on the CPU its capability level and its instruction-set flags: inductor
+  builds for the machine it runs on), the source of this package and of the policy's module
+  classes;
 - its file name by the shapes, strides, dtypes, devices and constants of the call, and the
   plain attributes (numbers, strings) of the policy's modules;
 - the source of every module whose code the compiler inlined is recorded at save time and
   compared at load time (helpers in other files, libraries such as lerobot after an upgrade);
 - a loaded step is called twice on zeroed copies of its arguments and must give the bytes
   recorded when it was compiled both times;
-- nothing is saved or loaded when a file the key reads changed after this process started (the
-  code in memory is then not the code on disk).
+- nothing is saved or loaded when a file the key reads, or an inlined module's file, changed
+  after this process started (the code in memory is then not the code on disk, which is what
+  torch records of an inlined module);
+- the record names the step file's digest, so a load never pairs a record and a step saved by
+  two processes at once.
 A failed load or check is logged, the file removed, and the step compiled and saved again. Not
-covered: a module-level global changed at run time (torch drops guards on globals when it saves).
+covered: a module-level global changed at run time (torch drops guards on globals when it
+saves), and a file replaced after the process started by a copy that keeps an older mtime
+(`cp -p`, `rsync -a`): its source then looks unchanged.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +50,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what is saved, or how it is checked, changes
+FORMAT = 3  # bump when what is saved, or how it is checked, changes (3: the step's digest)
 _PACKAGE = Path(__file__).resolve().parents[1]  # flashrt_ros/
 
 
@@ -91,6 +99,20 @@ def _sources(policy: torch.nn.Module) -> list[Path] | None:
     return sorted(files)
 
 
+def _cpu_flags() -> str:
+    """Digest of this CPU's instruction-set flags: inductor builds its C++ for the machine it
+    runs on (-march=native), so two CPUs of one capability level (AVX512) but other extensions
+    (AMX, VNNI) must not share a compiled step (it would die of an illegal instruction)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):  # x86, ARM
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                return hashlib.sha256(flags.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return "unknown"
+
+
 def step_key(fingerprint: str, policy: torch.nn.Module, device: torch.device) -> str | None:
     """The folder name of a policy's compiled steps on this machine (see the module's doc);
     None when the policy's code cannot be read, or changed on disk after this process started
@@ -109,7 +131,7 @@ def step_key(fingerprint: str, policy: torch.nn.Module, device: torch.device) ->
         props = torch.cuda.get_device_properties(dev)
         machine = [props.name, props.major, props.minor]
     else:  # inductor's CPU code uses the instruction set it was compiled on
-        machine = [torch.backends.cpu.get_cpu_capability()]
+        machine = [torch.backends.cpu.get_cpu_capability(), _cpu_flags()]
     blob = {
         "format": FORMAT,
         "fingerprint": fingerprint,
@@ -295,8 +317,10 @@ class PrecompiledSteps:
             elif edited is not None:
                 why = f"{edited} changed on disk after this process started"
             else:
-                with path.open("rb") as f:
-                    fn = torch.compiler.load_compiled_function(f)
+                blob = path.read_bytes()
+                if hashlib.sha256(blob).hexdigest() != record.get("bin_sha256"):
+                    raise RuntimeError("the step file is not the one its record describes")
+                fn = torch.compiler.load_compiled_function(io.BytesIO(blob))
                 if check_digest(fn, args, keep) != record["check"]:
                     why = "its check step gives other bytes than when it was compiled"
                 else:
@@ -334,14 +358,19 @@ class PrecompiledSteps:
             if edited is not None:  # torch recorded the disk's source, not the code it compiled
                 raise RuntimeError(f"{edited} changed on disk after this process started")
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / f".{name}.{os.getpid()}.tmp"
+            # files of our own (two processes, or two containers with one pid, may save at
+            # once); the record names the step's digest, so a load never pairs one process's
+            # record with another's step; the record goes in first, the step last
+            tmps = [Path(tempfile.mkstemp(dir=self.folder, prefix=f".{name}.")[1]) for _ in "ab"]
             try:
-                tmp.write_text(json.dumps(record))
-                os.replace(tmp, self.folder / f"{name}.json")
-                compiled.save_compiled_function(str(tmp))
-                os.replace(tmp, self.folder / f"{name}.bin")
+                compiled.save_compiled_function(str(tmps[0]))
+                record["bin_sha256"] = hashlib.sha256(tmps[0].read_bytes()).hexdigest()
+                tmps[1].write_text(json.dumps(record))
+                os.replace(tmps[1], self.folder / f"{name}.json")
+                os.replace(tmps[0], self.folder / f"{name}.bin")
             finally:
-                tmp.unlink(missing_ok=True)
+                for tmp in tmps:
+                    tmp.unlink(missing_ok=True)
             where = f"saved to {self.folder}"
         except Exception as e:  # noqa: BLE001
             where = f"not saved ({type(e).__name__}: {e})".splitlines()[0][:300]

@@ -150,21 +150,28 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
     )
 
 
-def test_a_step_error_dumps_the_frozen_ring_from_the_flight_thread(ros, tmp_path):
-    """The control thread only asks for the dump; the flight thread copies the poisoned
-    session's ring (it does not move) and writes it: the ticks up to the faulting one."""
-    capdir = tmp_path / "capsules"
+def nan_node(ros, capdir, ticks: int):
+    """An observation-mode node serving test.nan_policy:nan_above (its action turns NaN on an
+    observation above 500) with a flight ring of `ticks` and dumps into `capdir` (made)."""
     capdir.mkdir()
     with importable_tests():
-        proc = ros.start_node(
+        return ros.start_node(
             {
                 "trigger": "observation",
                 "device": "cpu",
                 "policy": "test.nan_policy:nan_above",
-                "flight_ticks": 4,
+                "flight_ticks": ticks,
                 "capsule_dir": str(capdir),
             },
+            wait_services=("rewind", "dump_flight"),
         )
+
+
+def test_a_step_error_dumps_the_frozen_ring_from_the_flight_thread(ros, tmp_path):
+    """The control thread only asks for the dump; the flight thread copies the poisoned
+    session's ring (it does not move) and writes it: the ticks up to the faulting one."""
+    capdir = tmp_path / "capsules"
+    proc = nan_node(ros, capdir, 4)
     node = NodeClient(ros, proc)
     node.run(OBS[:6])  # steps 1..6
     bad = OBS[6].copy()
@@ -183,19 +190,7 @@ def test_stamps_follow_the_state_across_a_rewind_and_a_fault(ros, tmp_path):
     and the dumps' headers point at the right tick."""
     from flashrt_ros.capsules import diskfmt
 
-    capdir = tmp_path / "capsules"
-    capdir.mkdir()
-    with importable_tests():
-        proc = ros.start_node(
-            {
-                "trigger": "observation",
-                "device": "cpu",
-                "policy": "test.nan_policy:nan_above",
-                "flight_ticks": 8,
-                "capsule_dir": str(capdir),
-            },
-            wait_services=("rewind", "dump_flight"),
-        )
+    proc = nan_node(ros, tmp_path / "capsules", 8)
     node = NodeClient(ros, proc)
     js = ros.node.create_publisher(JointState, proc.topic("joint_states"), 100)
     assert ros.spin_until(lambda: js.get_subscription_count() > 0, 20), "joint_states unmatched"

@@ -52,6 +52,10 @@ def test_demo_help():
     assert r.returncode == 0 and "--domain-id" in r.stdout, r.stderr
     r = subprocess.run(demo, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "FLASHRT_DEMO_DOMAIN_ID" in r.stderr, r.stderr
+    # an explicit --domain-id wins over it (here the run stops at its too-short duration)
+    given = [*demo, "--domain-id=99", "--duration", "1"]
+    r = subprocess.run(given, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "--duration" in r.stderr and "FLASHRT_DEMO" not in r.stderr
 
 
 def test_demo_runs_end_to_end(tmp_path):

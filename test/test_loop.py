@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from flashrt_ros.node.loop import ThreadUsage, TimerLoop, os_thread_name
+from flashrt_ros.node.loop import EngineLock, ThreadUsage, TimerLoop, os_thread_name
 
 
 def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
@@ -277,10 +277,17 @@ def test_stop_says_when_the_thread_is_still_in_a_tick_and_it_ends_after_that_tic
         ticks.append(deadline)
         release.wait(5.0)
 
-    loop = TimerLoop(100.0, tick, on_timing=lambda *_: None, on_error=lambda e: None)
+    lock, idled = EngineLock(), []
+    loop = TimerLoop(
+        100.0, tick, on_timing=lambda *_: None, on_error=lambda e: None, lock=lock,
+        idle=idled.append,
+    )  # fmt: skip
     thread = loop.start()
     time.sleep(0.1)
     assert loop.stop(timeout=0.1) is False and thread.is_alive()
     release.set()
     thread.join(2.0)
     assert not thread.is_alive() and len(ticks) == 1
+    # nothing after that tick: no deadline left in the lock (background work would wait for a
+    # tick that never comes: rollouts refused on an inactive node), no idle work
+    assert lock.next_tick is None and idled == []

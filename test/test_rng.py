@@ -29,3 +29,12 @@ def test_the_noise_is_standard_normal_and_its_lanes_independent():
     assert abs(float(lag)) < 0.01  # neighbouring lanes
     again = _draws([7] * 2000, list(range(2000)), lanes=64)
     assert torch.equal(x, again)  # a pure function: a restore replays it
+
+
+def test_no_seed_draws_another_seeds_noise_shifted_in_time():
+    """Version 2's stream id was linear in (seed, tick): seed 106903 at tick t drew seed 0's
+    noise of tick t + 733. Key and counter are hashed apart now."""
+    t = list(range(1000))
+    other = _draws([106903] * 1000, t, lanes=8)
+    zero_later = _draws([0] * 1000, [c + 733 for c in t], lanes=8)
+    assert not any(torch.equal(a, b) for a, b in zip(other, zero_later, strict=True))

@@ -66,6 +66,7 @@ class CapsuleStore:
         self.nbytes = int(nbytes)
         self.policy_id = policy_id
         self._files: dict[str, _Owned] = {}  # capsule id -> its file in `folder`
+        self._listed: set[str] = set()  # names of the .fcap files seen in `folder` at reload
         # files of capsule_dir the last reload did not load, and why (unreadable, foreign,
         # symlink, no free slot)
         self.not_loaded: list[NotLoaded] = []
@@ -145,6 +146,12 @@ class CapsuleStore:
 
     def path_for(self, info: CapsuleInfo) -> Path:
         return self.require_folder() / f"{info.name or info.id}{diskfmt.SUFFIX}"
+
+    def id_known(self, cid: str) -> bool:
+        """id_taken() without the disk: the files this store owns or saw at reload. For a plain
+        checkpoint's fresh id, on the services' path (a file that appeared since is met by a
+        persist's or a load's own check, which reads the disk)."""
+        return cid in self._files or cid in self._listed
 
     def id_taken(self, cid: str) -> bool:
         """Whether a fresh id would meet a file of capsule_dir (or one this store remembers)."""
@@ -252,6 +259,7 @@ class CapsuleStore:
             if diskfmt.TEMP.fullmatch(e.name):
                 self._clean_temp(Path(e.path))
             elif e.name.endswith(diskfmt.SUFFIX):
+                self._listed.add(e.name[: -len(diskfmt.SUFFIX)])
                 path = Path(e.path)
                 try:
                     if e.is_symlink():

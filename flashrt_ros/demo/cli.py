@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--domain-id",
         type=int,
-        default=int(env_dom) if env_dom.strip().isdigit() else DEFAULT_DOMAIN_ID,
+        default=None,  # None: the environment's, checked below, else DEFAULT_DOMAIN_ID
         help="ROS_DOMAIN_ID for the demo's nodes (default $FLASHRT_DEMO_DOMAIN_ID "
         f"or {DEFAULT_DOMAIN_ID}); discovery always stays on localhost",
     )
@@ -69,8 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds to wait for the nodes to come up (default 90)",
     )
     args = ap.parse_args(argv)
-    if env_dom and not env_dom.strip().isdigit() and "--domain-id" not in (argv or sys.argv):
-        ap.error(f"FLASHRT_DEMO_DOMAIN_ID must be a domain id (0-232), got {env_dom!r}")
+    if args.domain_id is None:  # not given: the environment's, when it is one
+        if env_dom and not env_dom.strip().isdigit():
+            ap.error(f"FLASHRT_DEMO_DOMAIN_ID must be a domain id (0-232), got {env_dom!r}")
+        args.domain_id = int(env_dom) if env_dom else DEFAULT_DOMAIN_ID
     if not (args.duration >= 8.0):
         ap.error("--duration must be at least 8 s")
     if not (math.isfinite(args.rate) and 1.0 <= args.rate <= 1000.0):

@@ -550,6 +550,7 @@ class FlashrtNode(LifecycleNode):
         """Frame steps: only the messages from now on make the next step."""
         with self._due_lock:
             self._stepped_at = self._input_counts()
+            self._frame_at = 0.0  # the time inactive is no stale time
 
     def _input_counts(self) -> tuple[int, ...]:
         """Frame steps: the valid messages of each step_on input so far."""

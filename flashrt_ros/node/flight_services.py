@@ -207,6 +207,7 @@ class FlightServices:
         self._engine = None
         self._rings: dict[str, StampRing] = {}
         self._moves: dict[str, int] = {}  # per session: ticks and rewinds seen (see _line())
+        self._last: dict[str, int] = {}  # per session: its step after the last tick or move
         self._last_auto: float | None = None
         self._warned_no_dir = False
         self.last_dump = ""
@@ -235,21 +236,28 @@ class FlightServices:
         if not eng.flight_ticks:
             return
         if eng is not self._engine:  # a new configure: stamps of the old engine mean nothing
-            self._engine, self._rings, self._moves = eng, {}, {}
+            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
         ring = self._rings.get(session)
         if ring is None:  # once per session, not per tick
             ring = self._rings[session] = StampRing(eng.flight_ticks)
         s = eng.session(session)
         ring.put(s.steps, s.parent_id, self._pending_ns)
+        self._last[session] = s.steps
         self._moves[session] = self._moves.get(session, 0) + 1
 
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a
         committed rollout; engine lock held): stamps of the steps after where it stands now
         belong to a past that is gone."""
-        ring = self._rings.get(session) if eng is self._engine else None
+        if not eng.flight_ticks:
+            return
+        if eng is not self._engine:  # a new configure, as in tick()
+            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
+        steps = eng.session(session).steps
+        self._last[session] = steps
+        ring = self._rings.get(session)
         if ring is not None:
-            ring.forget_after(eng.session(session).steps)
+            ring.forget_after(steps)
 
     def _stamp(self, eng, s, step: int) -> int | None:
         ring = self._rings.get(s.name) if eng is self._engine else None
@@ -422,10 +430,10 @@ class FlightServices:
         of what led there. No copy, no allocation, no disk here: the poisoned session does not
         step, so its ring waits for the flight thread unchanged. A step that faulted after
         moving the session on consumed the pending observation: its stamp is kept like a
-        tick's (a step that did not move finds its own stamp there already)."""
-        ring = self._rings.get(session) if eng is self._engine else None
-        s = eng.session(session)
-        if eng.flight_ticks and (ring is None or ring.get(s.steps, s.parent_id) is None):
+        tick's. Whether it moved: its step count against where the last tick, or the last
+        request that moved it, left it (a session not seen yet started from step 0)."""
+        known = self._last if eng is self._engine else {}
+        if eng.flight_ticks and eng.session(session).steps != known.get(session, 0):
             self.tick(eng, session)
         self._want(eng, session, "fault")
 

@@ -435,6 +435,8 @@ class TimerLoop:
                 self.tick(deadline)
             except Exception as e:
                 self.on_error(e)
+            if self._stop.is_set():  # stopped during the tick (a stop() that timed out): no
+                break  # schedule nor idle work after it, a newer loop may own the lock now
             deadline += self.period
             missed = 0
             now = time.monotonic()

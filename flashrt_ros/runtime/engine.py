@@ -290,7 +290,7 @@ class Engine:
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
         )
-        self.pool.id_taken = self.store.id_taken  # no new capsule takes the id of a file
+        self.pool.id_taken = self.store.id_known  # no new capsule takes the id of a file
         t = time.perf_counter()
         self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
@@ -925,7 +925,8 @@ class Engine:
 
     def pin(self, capsule: str, pinned: bool = True) -> CapsuleInfo:
         """Pin or unpin; a persisted capsule's file gets the new pin too (atomic rewrite), so
-        a restart keeps it. A failed rewrite leaves the pin as it was."""
+        a restart keeps it. A failed rewrite leaves the pin as it was (a host-tier capsule
+        brought back into a slot for the pin stays there: only the tiers changed)."""
         pinned = _bool(pinned, "pinned")
         before = self.pool.get(capsule).info.pinned
         info = self.pool.set_pinned(capsule, pinned)

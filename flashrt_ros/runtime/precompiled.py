@@ -232,6 +232,27 @@ def _inlined(compiled) -> dict[str, str] | None:
         return None
 
 
+def _own_temp(folder: Path, prefix: str) -> Path:
+    """An empty file of our own in `folder`, with the mode a plain create would give it (the
+    cache may be shared: mkstemp's 0600 would keep other users' processes out)."""
+    fd, name = tempfile.mkstemp(dir=folder, prefix=prefix)
+    os.close(fd)
+    os.chmod(name, 0o666 & ~_umask())
+    return Path(name)
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every
+    thread for a moment: the node's other threads create files too)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def _edited_since_start(modules) -> str | None:
     """The first of `modules` (names) whose file changed after this process started: the code
     in memory is then not the source on disk, which is what torch records of an inlined module
@@ -307,15 +328,15 @@ class PrecompiledSteps:
         if not path.exists() or not meta.exists():
             return None
         t = time.perf_counter()
-        why = None
+        why, keep_files = None, False
         try:
             record = json.loads(meta.read_text())
             changed = _changed_source(record.get("sources"))
             edited = _edited_since_start(record.get("sources"))
             if changed is not None:
                 why = f"the source of {changed} changed since it was compiled"
-            elif edited is not None:
-                why = f"{edited} changed on disk after this process started"
+            elif edited is not None:  # the files are right for processes started since
+                why, keep_files = f"{edited} changed on disk after this process started", True
             else:
                 blob = path.read_bytes()
                 if hashlib.sha256(blob).hexdigest() != record.get("bin_sha256"):
@@ -330,7 +351,7 @@ class PrecompiledSteps:
         if why is not None:
             log.warning("precompiled step %s not used (%s); compiling it again", path, why)
             self.events.append(f"{name}: not used ({why}), compiled again")
-            for p in (path, meta):
+            for p in () if keep_files else (path, meta):
                 try:
                     p.unlink(missing_ok=True)
                 except OSError as e:  # a read-only cache: the step is compiled, nothing saved
@@ -361,7 +382,7 @@ class PrecompiledSteps:
             # files of our own (two processes, or two containers with one pid, may save at
             # once); the record names the step's digest, so a load never pairs one process's
             # record with another's step; the record goes in first, the step last
-            tmps = [Path(tempfile.mkstemp(dir=self.folder, prefix=f".{name}.")[1]) for _ in "ab"]
+            tmps = [_own_temp(self.folder, f".{name}.") for _ in "ab"]
             try:
                 compiled.save_compiled_function(str(tmps[0]))
                 record["bin_sha256"] = hashlib.sha256(tmps[0].read_bytes()).hexdigest()

@@ -293,6 +293,9 @@ def train(args) -> tuple[ACTPolicy, dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Train builtin:act (size sim) on the sim camera.")
     p.add_argument("--out", default=str(ACT_WEIGHTS), help="weights file (%(default)s)")
+    p.add_argument(
+        "--force", action="store_true", help="replace --out when it exists (the shipped weights)"
+    )
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (%(default)s)")
     p.add_argument("--batch", type=int, default=128, help="rows per step (%(default)s)")
     p.add_argument("--arms", type=int, default=512, help="simulated arms (%(default)s)")
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-steps", type=int, default=1000)
     p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
+    if Path(args.out).exists() and not args.force:  # a trial run must not replace them unseen
+        p.error(f"{args.out} exists: pass --force to replace it")
     policy, summary = train(args)
     meta = run_meta(
         "tools/train_act.py",

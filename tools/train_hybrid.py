@@ -333,6 +333,9 @@ def main(argv=None) -> int:
         description="Train builtin:hybrid by imitating the ArmModel expert (BC + DAgger, TBPTT)."
     )
     p.add_argument("--out", default=str(DEFAULT_OUT), help="weights file to write (%(default)s)")
+    p.add_argument(
+        "--force", action="store_true", help="replace --out when it exists (the shipped weights)"
+    )
     p.add_argument("--steps", type=int, default=500, help="optimizer steps (%(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of everything (%(default)s)")
     p.add_argument("--batch", type=int, default=64, help="parallel episodes (%(default)s)")
@@ -365,6 +368,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.episode % args.window:
         p.error("--episode must be a multiple of --window")
+    if Path(args.out).exists() and not args.force:  # a trial run must not replace them unseen
+        p.error(f"{args.out} exists: pass --force to replace it")
 
     policy, summary = train(args)
     cfg = policy.config

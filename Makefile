@@ -54,6 +54,8 @@ test: setup
 
 ## demo: POLICY=builtin:act runs the same story with the visuomotor policy on the sim's camera.
 POLICY ?= builtin:hybrid
+# make bench: a folder of its own (bench/results is merged by hand, bench/README.md)
+BENCH_OUT ?= out/bench
 demo: setup
 	@$(ENV); python -m flashrt_ros.demo --policy '$(POLICY)'
 
@@ -66,7 +68,7 @@ format: venv
 ## bench: GPU machine only (Python 3.12, torch with CUDA, no ROS): uses .venv when present.
 bench:
 	@if [ -f $(VENV)/bin/activate ]; then $(ENV); fi; \
-	PY="$$(command -v python || command -v python3)"; "$$PY" bench/run_all.py
+	PY="$$(command -v python || command -v python3)"; "$$PY" bench/run_all.py --out $(BENCH_OUT)
 
 clean:
 	rm -rf build install log .pytest_cache .ruff_cache

@@ -621,7 +621,8 @@ NODE_PARAMS = ParamTable(
             "policy",
             "builtin:hybrid",
             "string",
-            "policy spec: builtin:hybrid, package.module:factory or a .pt2 path",
+            "policy spec: builtin:hybrid, builtin:act, builtin:diffusion, package.module:factory "
+            "or a .pt2 path",
             pattern=r"(?s).*\S.*",
             pattern_text="a non-empty string",
         ),

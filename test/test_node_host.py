@@ -499,3 +499,36 @@ def test_the_inputs_loop_acknowledges_a_round_of_images_once_before_its_step(ros
             owner.destroy_subscription(s)
         for p in pubs:
             ros.node.destroy_publisher(p)
+
+
+def test_a_start_after_a_stop_that_timed_out_never_runs_two_serving_threads(ros, owner):
+    """stop() gives up on a handler that runs on; the next start() cleared the stop event
+    both threads share, so the old thread, once its handler returned, served beside the new.
+    start() now lets the old thread end first."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import ListCapsules
+
+    host = ServiceHost(owner)
+    release, by = threading.Event(), []
+
+    def slow(req, resp):
+        by.append(threading.current_thread().ident)
+        release.wait(5.0)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", slow)
+    host.start()
+    first = host._thread
+    cli = ros.node.create_client(ListCapsules, "/flashrt/list_capsules")
+    fut = _call_async(ros, cli, ListCapsules.Request())
+    assert _grows(by, 1)  # the handler runs
+    assert host.stop(timeout=0.1) is False and first.is_alive()
+    threading.Timer(0.3, release.set).start()
+    host.start()  # waits for the old thread to end, then starts one
+    second = host._thread
+    assert not first.is_alive() and second.is_alive()
+    assert ros.spin_until(fut.done, 10)
+    alive = [t for t in threading.enumerate() if t.name == first.name and t.is_alive()]
+    assert alive == [second]
+    host.stop(timeout=5.0)
+    host.destroy()

@@ -51,8 +51,20 @@ class WaitLoop:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    START_WAIT_S = 10.0  # how long start() waits for a thread a timed-out stop() left behind
+
     def start(self) -> threading.Thread:
-        """Run the loop on a thread of its own (`thread_name`) until stop(); returns it."""
+        """Run the loop on a thread of its own (`thread_name`) until stop(); returns it. A
+        thread still in a handler after a stop() that timed out ends first: both share the stop
+        event that start() clears, so the old one would otherwise serve on beside the new."""
+        old = self._thread
+        if old is not None and old.is_alive():
+            old.join(timeout=self.START_WAIT_S)
+            if old.is_alive():
+                raise RuntimeError(
+                    f"{self.thread_name} is still in a handler {self.START_WAIT_S:g} s after its "
+                    "stop; not starting a second one beside it"
+                )
         self._stop.clear()
         self._thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
         self._thread.start()

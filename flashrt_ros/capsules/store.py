@@ -155,7 +155,7 @@ class CapsuleStore:
 
     def id_taken(self, cid: str) -> bool:
         """Whether a fresh id would meet a file of capsule_dir (or one this store remembers)."""
-        if cid in self._files:
+        if self.id_known(cid):
             return True
         return self.folder is not None and os.path.lexists(self.folder / f"{cid}{diskfmt.SUFFIX}")
 

@@ -235,8 +235,7 @@ class FlightServices:
         """After a step of `session` (engine lock held): remember its observation's stamp."""
         if not eng.flight_ticks:
             return
-        if eng is not self._engine:  # a new configure: stamps of the old engine mean nothing
-            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
+        self._follow(eng)
         ring = self._rings.get(session)
         if ring is None:  # once per session, not per tick
             ring = self._rings[session] = StampRing(eng.flight_ticks)
@@ -245,14 +244,18 @@ class FlightServices:
         self._last[session] = s.steps
         self._moves[session] = self._moves.get(session, 0) + 1
 
+    def _follow(self, eng) -> None:
+        """A new configure: the stamps, moves and steps seen of the old engine mean nothing."""
+        if eng is not self._engine:
+            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
+
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a
         committed rollout; engine lock held): stamps of the steps after where it stands now
         belong to a past that is gone."""
         if not eng.flight_ticks:
             return
-        if eng is not self._engine:  # a new configure, as in tick()
-            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
+        self._follow(eng)
         steps = eng.session(session).steps
         self._last[session] = steps
         ring = self._rings.get(session)

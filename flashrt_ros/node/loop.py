@@ -205,38 +205,35 @@ class EngineLock:
         self._slow = False  # the holder waited for the lock (its release must wake waiters)
         self.held_since = 0.0  # when the holder took it (monotonic), for within()'s callers
 
-    def __enter__(self) -> EngineLock:
+    def _take(self, timeout: float = -1) -> bool:
+        """Acquire as a foreground caller (-1: however long it takes); False on timeout."""
         if self._lock.acquire(blocking=False):  # free: nobody to tell that we wait (every tick)
             self._slow = False
             self.held_since = time.monotonic()
-            return self
+            return True
         with self._cond:
             self._waiting += 1
-        self._lock.acquire()
+        got = self._lock.acquire(timeout=timeout)
         with self._cond:
             self._waiting -= 1
+        if not got:
+            self._bump()  # background steps held back by our wait may go
+            return False
         self._slow = True  # written by the holder, read by it in __exit__
         self.held_since = time.monotonic()
+        return True
+
+    def __enter__(self) -> EngineLock:
+        self._take()
         return self
 
     @contextlib.contextmanager
     def within(self, timeout: float) -> Iterator[bool]:
         """The lock if it comes within `timeout` s (yields True), else nothing (False): for a
         reader that must go on when a step or request is stuck holding it (/diagnostics)."""
-        if self._lock.acquire(blocking=False):
-            slow = False
-        else:
-            with self._cond:
-                self._waiting += 1
-            got = self._lock.acquire(timeout=timeout)
-            with self._cond:
-                self._waiting -= 1
-            if not got:
-                self._bump()  # background steps held back by our wait may go
-                yield False
-                return
-            slow = True
-        self._slow, self.held_since = slow, time.monotonic()
+        if not self._take(timeout):
+            yield False
+            return
         try:
             yield True
         finally:

@@ -8,21 +8,17 @@ publishers the ROS graph lists on each topic with what each subscription asks fo
 
 from __future__ import annotations
 
-from rclpy.qos import QoSDurabilityPolicy, QoSReliabilityPolicy
+from rclpy.qos import QoSReliabilityPolicy
 
 
 def _why(want, offer) -> str:
-    """Why a publisher offering `offer` does not match a subscription asking `want`, or ""."""
+    """Why a publisher offering `offer` does not match a subscription asking `want`, or "".
+    Reliability only: the node's subscriptions are all volatile, which any durability meets."""
     if (
         want.reliability == QoSReliabilityPolicy.RELIABLE
         and offer.reliability == QoSReliabilityPolicy.BEST_EFFORT
     ):
         return "offers best_effort, the subscription needs reliable"
-    if (
-        want.durability == QoSDurabilityPolicy.TRANSIENT_LOCAL
-        and offer.durability == QoSDurabilityPolicy.VOLATILE
-    ):
-        return "offers volatile, the subscription needs transient_local"
     return ""
 
 

@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 BUILTIN_WEIGHTS = WEIGHTS_DIR / "hybrid.pt"
 
+# builtin:hybrid config fields its weights do not depend on (weight shapes and training alike)
+HYBRID_RUNTIME_ONLY = ("kv_len", "noise_std")
+
 
 def _hybrid_config(overrides: dict) -> HybridConfig:
     """HybridConfig from keyword overrides, each checked (an int field takes a positive int, a
@@ -94,13 +97,13 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
             policy = HybridPolicy(cfg)
         except Exception as e:  # e.g. d_model not divisible by n_heads
             raise BadRequest(f"builtin:hybrid: overrides do not make a policy ({e})") from e
-        shapes_fixed = {k: v for k, v in overrides.items() if k not in ("kv_len", "noise_std")}
+        shapes_fixed = {k: v for k, v in overrides.items() if k not in HYBRID_RUNTIME_ONLY}
         path = Path(weights) if weights else BUILTIN_WEIGHTS
         if weights or (not shapes_fixed and BUILTIN_WEIGHTS.exists()):
             # written by tools/train_hybrid.py; its config must be this one's, but for the
             # fields the weights do not depend on
             mine = dataclasses.asdict(cfg)
-            load_weights(policy, path, policy.policy_id, mine, ("kv_len", "noise_std"))
+            load_weights(policy, path, policy.policy_id, mine, HYBRID_RUNTIME_ONLY)
         elif not shapes_fixed:
             log.warning("no trained weights at %s: builtin:hybrid runs with seeded init", path)
         return policy.eval()

@@ -126,9 +126,7 @@ class NodeDriver:
             position=[float(x) for x in event.position],
             velocity=[float(x) for x in event.velocity],
         )
-        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(
-            event.header_ns or event.stamp_ns, 10**9
-        )
+        _stamp(msg, event.header_ns or event.stamp_ns)
         self.js.publish(msg)
 
     def goal(self, data: np.ndarray) -> None:
@@ -150,9 +148,7 @@ class NodeDriver:
             is_bigendian=int(f.is_bigendian),
             step=int(f.step),
         )
-        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(
-            f.header_ns or event.stamp_ns, 10**9
-        )
+        _stamp(msg, f.header_ns or event.stamp_ns)
         msg.header.frame_id = f"{event.camera}_camera"
         msg.data = np.ascontiguousarray(f.data, dtype=np.uint8).tobytes()
         self._img_pubs[event.camera].publish(msg)
@@ -199,3 +195,8 @@ class NodeDriver:
     def close(self) -> None:
         self.ex.shutdown(timeout_sec=0)
         self.n.destroy_node()
+
+
+def _stamp(msg, ns: int) -> None:
+    """A message's header stamp from integer nanoseconds."""
+    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(ns, 10**9)

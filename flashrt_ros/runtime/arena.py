@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashrt_ros.policies import rng
 from flashrt_ros.policies.base import ROLES, StateEntry
 
 ALIGN = 256  # bytes; matches the CUDA allocator's alignment so every view is vector-aligned
@@ -111,8 +112,6 @@ class Arena:
 def fingerprint(policy_id: str, weights_digest: str, layout: list[dict], device_type: str) -> str:
     """Digest of what gives a capsule meaning: which policy, weights, layout and device, and
     the version of the counter-based noise (the same state draws other noise under another)."""
-    from flashrt_ros.policies import rng
-
     blob = json.dumps(
         {
             "policy": policy_id,

@@ -7,6 +7,7 @@ No timings are asserted (the machine is noisy): bench/ros_bench.py shows the spe
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -532,3 +533,120 @@ def test_a_start_after_a_stop_that_timed_out_never_runs_two_serving_threads(ros,
     assert alive == [second]
     host.stop(timeout=5.0)
     host.destroy()
+
+
+def _checkpoint_host(owner, seconds: float = 0.0, ticks: list | None = None):
+    """A ServiceHost serving ~/checkpoint (each call takes `seconds`), and what the calls
+    carried, in the order they were served: the name, or (name, ticks so far) with `ticks`."""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import Checkpoint
+
+    host = ServiceHost(owner)
+    served: list = []
+
+    def checkpoint(req, resp):
+        time.sleep(seconds)
+        served.append(req.name if ticks is None else (req.name, len(ticks)))
+        resp.success = True
+        return resp
+
+    host.create_service(Checkpoint, "~/checkpoint", checkpoint)
+    return host, served
+
+
+def test_a_queue_of_requests_is_left_for_the_next_wait_when_stop_says_so(ros, owner):
+    """The thread that serves takes the queued requests one at a time and asks its `stop()`
+    before each next one: what is left stays queued, and the service is ready again at the
+    next wait (the control thread leaves a burst for the gaps of later ticks)."""
+    from flashrt_ros.srv import Checkpoint
+
+    host, served = _checkpoint_host(owner)
+    host.start()
+    cli = ros.client(Checkpoint, "/flashrt/checkpoint")
+    ros.call(cli, Checkpoint.Request(name="warm"))  # discovered both ways before the burst
+    with host.lent() as serve:  # the host's thread stops: the test's thread serves
+        futures = [cli.call_async(Checkpoint.Request(name=f"c{i}")) for i in range(3)]
+        ros.spin_for(0.5)  # all three queued at the server
+        serve(2.0, lambda: len(served) >= 2)
+        assert served == ["warm", "c0"]
+        serve(2.0, lambda: len(served) >= 3)
+        assert served == ["warm", "c0", "c1"]
+        serve(2.0)
+        assert served == ["warm", "c0", "c1", "c2"]
+    assert ros.spin_until(lambda: all(f.done() for f in futures), 10.0)
+    assert all(f.result().success for f in futures)
+    host.destroy()
+
+
+def test_the_control_thread_serves_a_burst_over_several_tick_gaps(ros, owner):
+    """Ten requests of 3 ms each, sent at once to a 200 Hz loop that serves between its
+    ticks: no request starts once the tick's final spin is due, so at most two of them fit
+    in one 5 ms gap (they used to be served all in a row, 30 ms without a tick)."""
+    from flashrt_ros.srv import Checkpoint
+
+    ticks: list = []
+    host, served = _checkpoint_host(owner, seconds=0.003, ticks=ticks)
+    host.start()
+    cli = ros.client(Checkpoint, "/flashrt/checkpoint")
+    ros.call(cli, Checkpoint.Request(name="warm"))
+    loop = _lend_to_loop(host, 200.0, ticks.append, ticks)
+    try:
+        futures = [cli.call_async(Checkpoint.Request(name=f"c{i}")) for i in range(10)]
+        assert ros.spin_until(lambda: all(f.done() for f in futures), 10.0)
+    finally:
+        loop.stop()
+    host.destroy()
+    assert not [t for t in ticks if isinstance(t, tuple)]
+    gaps = collections.Counter(n for name, n in served[1:])  # requests served per tick gap
+    assert sum(gaps.values()) == 10 and max(gaps.values()) <= 2, served
+
+
+def test_destroy_answers_what_is_parked_or_queued_instead_of_leaving_clients_waiting(ros, owner):
+    """At exit: a parked handler whose work came back replies as usual; one still waiting,
+    and every request still queued, get success False and a message that says why; a
+    service with no `success` field (list_capsules) cannot say it, and gets no reply."""
+    from rclpy.task import Future
+
+    from flashrt_ros.node.host import NOT_FINISHED, NOT_STARTED, ServiceHost
+    from flashrt_ros.srv import Checkpoint, ListCapsules, Rollout
+
+    host = ServiceHost(owner)
+    futures: dict[int, Future] = {}
+    checkpoints: list[str] = []
+
+    async def rollout(req, resp):
+        futures[req.n_steps] = done = Future()
+        resp.action_dim = await done
+        resp.success = True
+        return resp
+
+    def checkpoint(req, resp):
+        checkpoints.append(req.name)
+        resp.success = True
+        return resp
+
+    host.create_service(Rollout, "~/rollout", rollout)
+    host.create_service(Checkpoint, "~/checkpoint", checkpoint)
+    host.create_service(ListCapsules, "~/list_capsules", lambda req, resp: resp)
+    host.start()
+    ro = ros.client(Rollout, "/flashrt/rollout")
+    ck = ros.client(Checkpoint, "/flashrt/checkpoint")
+    ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+    assert ros.call(ck, Checkpoint.Request(name="warm")).success
+    ros.call(ls, ListCapsules.Request())
+    stuck = _call_async(ros, ro, Rollout.Request(n_steps=1))
+    finished = _call_async(ros, ro, Rollout.Request(n_steps=2))
+    assert ros.spin_until(lambda: len(futures) == 2, 10.0)  # both parked
+    assert host.stop()
+    futures[2].set_result(9)  # its work is done, nobody resumed it yet
+    queued = ck.call_async(Checkpoint.Request(name="late"))
+    listing = ls.call_async(ListCapsules.Request())
+    ros.spin_for(0.5)  # both queued at the server, which serves no more
+    host.destroy()
+    assert ros.spin_until(lambda: stuck.done() and finished.done() and queued.done(), 10.0)
+    assert finished.result().success and finished.result().action_dim == 9
+    assert not stuck.result().success and stuck.result().message == NOT_FINISHED
+    assert not queued.result().success and queued.result().message == NOT_STARTED
+    assert checkpoints == ["warm"]  # the queued request never ran
+    ros.spin_for(0.3)
+    assert not listing.done()

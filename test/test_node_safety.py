@@ -246,9 +246,10 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
 
 
 def test_ctrl_c_during_a_rollout_ends_the_node_cleanly(ros):
-    """SIGINT while a rollout runs: the rollout stops at its next step and says so, and the
-    node exits 0 (it aborted with "terminate called without an active exception", exit -6,
-    when the process ended with the rollout thread still inside a step)."""
+    """SIGINT while a rollout runs: the rollout stops at its next step and says so, in the
+    log and in its reply (the planner that asked is not left waiting for a server that went
+    away), and the node exits 0 (it aborted with "terminate called without an active
+    exception", exit -6, when the process ended with the rollout thread still inside a step)."""
     proc = ros.start_node({"trigger": "timer", "rate_hz": RATE}, namespace="stopping")
     c = NodeClient(ros, proc)
     steps = 5000  # far more than fit in the second before the stop
@@ -266,6 +267,9 @@ def test_ctrl_c_during_a_rollout_ends_the_node_cleanly(ros):
     assert rc == 0, log
     assert "terminate called" not in log
     assert "rollout: the node is shutting down: stopped after " in log, log
+    assert ros.spin_until(fut.done, 10), "no reply to the rollout stopped by the exit"
+    r = fut.result()
+    assert not r.success and "the node is shutting down: stopped after " in r.message, r.message
 
 
 def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):

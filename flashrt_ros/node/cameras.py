@@ -437,7 +437,7 @@ class DecodeLoop(InputLoop):
 
     thread_name = "flashrt-decode"
 
-    def _on_ready(self, ws) -> None:
+    def _on_ready(self, ws, stop=None) -> None:
         ready = ws.get_ready_entities("subscription")
         if not ready:  # the stop guard, or the once-a-second look at the context
             return

@@ -50,6 +50,11 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from flashrt_ros.node.loop import set_affinity, set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
 
+# the replies to requests the node cannot finish because it is shutting down: one still
+# queued (never started), one parked (started, awaiting work that did not come back)
+NOT_STARTED = "not done: the node is shutting down (the request was never started)"
+NOT_FINISHED = "not finished: the node is shutting down"
+
 
 class ServiceHost(WaitLoop):
     """Names are resolved by the flashrt node (`~/checkpoint` -> `/<ns>/flashrt/checkpoint`,
@@ -213,17 +218,17 @@ class ServiceHost(WaitLoop):
     def _entities(self) -> tuple[list, list, list]:
         return [], list(self._guards), list(self._services)
 
-    def _on_ready(self, ws) -> None:
+    def _on_ready(self, ws, stop: Callable[[], bool] | None = None) -> None:
         try:
             try:
-                self._handle(ws)
+                self._handle(ws, stop)
             finally:
                 if self.after_replies is not None:
                     self.after_replies()
         except Exception as e:  # whoever serves (a borrower steps too) goes on
             self.log.error(f"serving failed: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
-    def _handle(self, ws) -> None:
+    def _handle(self, ws, stop: Callable[[], bool] | None) -> None:
         ready = ws.get_ready_entities("guard_condition")
         if ready:
             for gc in self._guards:
@@ -240,11 +245,15 @@ class ServiceHost(WaitLoop):
         if ready:
             for srv in self._services:
                 if srv.handle.pointer in ready:
-                    self._serve_one(srv)
+                    self._serve_one(srv, stop)
 
-    def _serve_one(self, srv) -> None:
-        """Every request queued for `srv`, each answered (or parked) in turn."""
-        while True:
+    def _serve_one(self, srv, stop: Callable[[], bool] | None = None) -> None:
+        """The requests queued for `srv`, each answered (or parked) in turn, until `stop()`
+        says otherwise (a tick is due, the loop is stopping): what is left stays queued, and
+        the service is ready again at the next wait, whoever serves it then."""
+        first = True
+        while first or stop is None or not stop():
+            first = False
             try:
                 request, header = srv.handle.service_take_request(srv.srv_type.Request)
             except Exception as e:  # a request that does not deserialize: drop it, serve on
@@ -292,11 +301,38 @@ class ServiceHost(WaitLoop):
 
     def destroy(self) -> None:
         self.close()
-        with self._hand:  # no loop and no borrower: the parked handlers are ours to close
+        with self._hand:  # no loop and no borrower: the parked and queued requests are ours
             mine = self._thread is None and not self._lent
         if mine:
-            for coro, _, _ in self._parked:
-                with contextlib.suppress(Exception):
-                    coro.close()
-            self._parked = []
+            self._answer_leftovers()
         self.node.destroy_node()  # deferred by rcl while the loop still holds the handles
+
+    def _answer_leftovers(self) -> None:
+        """At exit, no client is left waiting for a server that goes away: a parked handler
+        whose work is done replies as usual; the others, and every request still queued, get
+        `success: False` and NOT_FINISHED or NOT_STARTED (a request never taken changed nothing). A
+        service without a `success` field (list_capsules) has no way to say so: its clients
+        see the server go."""
+        parked, self._parked = self._parked, []
+        for coro, srv, header in parked:
+            self._run(coro, srv, header)  # done meanwhile: its own reply; else parked again
+        parked, self._parked = self._parked, []
+        for coro, srv, header in parked:
+            with contextlib.suppress(Exception):
+                coro.close()
+            self._refuse(srv, header, NOT_FINISHED)
+        for srv in self._services:
+            while True:
+                try:
+                    _, header = srv.handle.service_take_request(srv.srv_type.Request)
+                except Exception:  # noqa: BLE001 (one that does not deserialize: the rest wait)
+                    break
+                if header is None:
+                    break
+                self._refuse(srv, header, NOT_STARTED)
+
+    def _refuse(self, srv, header, message: str) -> None:
+        resp = srv.srv_type.Response()
+        if hasattr(resp, "success") and hasattr(resp, "message"):
+            resp.success, resp.message = False, message
+            self._reply(srv, resp, header)

@@ -75,10 +75,10 @@ class InputLoop(WaitLoop):
         guards, services = self._served or ([], [])
         return subs, guards, services
 
-    def _on_ready(self, ws) -> None:
+    def _on_ready(self, ws, stop=None) -> None:
         served = self._served is not None
         if served:  # the services first: each request between two steps
-            self.host._on_ready(ws)
+            self.host._on_ready(ws, stop)
         ready = ws.get_ready_entities("subscription")
         if not ready:  # the stop guard, or the once-a-second look at the context
             return

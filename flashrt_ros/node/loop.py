@@ -318,7 +318,8 @@ class TimerLoop:
     thread for as long as the loop runs; it yields `serve(timeout_s, stop)`, or None. The loop then
     waits for its deadlines in `serve`, so requests are answered by this thread between two
     ticks: until the final spin before a deadline, and a request that comes later waits for
-    the tick. A request taken just before the spin may delay the tick by its
+    the tick. No request is started once the spin is due, so a burst of them is spread over
+    the gaps between ticks; one started just before the spin may delay the tick by its
     handling time, as a request holding the engine lock did when a thread of its own served it.
     `wake()` ends such a wait early (stop()).
 
@@ -395,7 +396,12 @@ class TimerLoop:
     def _wait(self, deadline: float, serve) -> bool:
         """Until the final spin before `deadline`, serving meanwhile when lent the services;
         True when stopped."""
-        while (left := deadline - SPIN_S - time.monotonic()) > 0:
+        spin_at = deadline - SPIN_S
+
+        def due() -> bool:  # no request starts after the spin began: queued ones wait a tick
+            return self._stop.is_set() or time.monotonic() >= spin_at
+
+        while (left := spin_at - time.monotonic()) > 0:
             if self.busy:
                 left = 0.0  # look, never sleep (the class docstring)
                 if serve is None:
@@ -405,7 +411,7 @@ class TimerLoop:
                     continue
             elif serve is None:
                 return self._stop.wait(left)
-            serve(left, self._stop.is_set)  # stop(): no handler starts after it
+            serve(left, due)
             if self._stop.is_set():
                 return True
         return self._stop.is_set()

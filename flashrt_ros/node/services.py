@@ -196,8 +196,9 @@ class CapsuleServices:
             st.lock_wait_us.add(waited * 1e6)
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the rollout thread (a rollout in progress stops at its next step; nobody
-        serves its reply now, so the log says where it stopped) and write what is held."""
+        """End the rollout thread (a rollout in progress stops at its next step, and so do the
+        queued ones: their replies go out at exit, host.ServiceHost.destroy, and the log says
+        where it stopped) and write what is held."""
         self._closing.set()
         self._jobs.put(None)
         self._worker.join(timeout=timeout)
@@ -362,11 +363,9 @@ class CapsuleServices:
             try:
                 done.set_result(self._run_rollout(eng, req, n))
             except Exception as e:
-                if self._closing.is_set():  # nobody serves the reply now: close() says it
+                if self._closing.is_set():  # the reply goes out at exit (host.py); logged too
                     self._stopped = f"rollout: {e}"
-                    done.cancel()
-                else:
-                    done.set_exception(e)
+                done.set_exception(e)
             try:
                 self._wake.trigger()
             except Exception:  # the node is being destroyed: nobody awaits the reply
@@ -388,17 +387,21 @@ class CapsuleServices:
         limit = float(ctl.cfg.rollout_timeout_s)  # a rollout keeps the limit it began with
         end = time.monotonic() + limit if limit > 0 else None
 
+        def kept(i: int) -> str:
+            return f"; {target!r} holds the state after {i} of them" if req.commit else ""
+
         def timed_out(i: int) -> CapacityError:
-            kept = f"; {target!r} holds the state after {i} of them" if req.commit else ""
             return CapacityError(
-                f"rollout_timeout_s={limit:g} reached: stopped after {i} of {n} steps{kept} "
+                f"rollout_timeout_s={limit:g} reached: stopped after {i} of {n} steps{kept(i)} "
                 "(the steps wait for room between control ticks); split the rollout, lower "
                 "rate_hz, or raise the parameter"
             )
 
         for i in range(n):
             if self._closing.is_set():
-                raise BadRequest(f"the node is shutting down: stopped after {i} of {n} steps")
+                raise BadRequest(
+                    f"the node is shutting down: stopped after {i} of {n} steps{kept(i)}"
+                )
             give_up = 10.0  # the wait for room between ticks, at most until the deadline
             if end is not None:
                 if time.monotonic() > end:

@@ -44,8 +44,9 @@ class WaitLoop:
         """(subscriptions, guard conditions, services) to wait on; read once per start()."""
         return [], [], []
 
-    def _on_ready(self, ws) -> None:
-        """Handle what the wait found ready (`ws.get_ready_entities(kind)`)."""
+    def _on_ready(self, ws, stop: Callable[[], bool] | None = None) -> None:
+        """Handle what the wait found ready (`ws.get_ready_entities(kind)`); `stop()`, when
+        given, says to leave what is still queued for the next wait (its entity stays ready)."""
 
     @property
     def running(self) -> bool:
@@ -145,6 +146,6 @@ class WaitLoop:
                     ws.add_service(srv.handle)
                 ws.wait(timeout_ns)  # the GIL is free meanwhile
                 if stop is None or not stop():
-                    self._on_ready(ws)
+                    self._on_ready(ws, stop)
 
             yield wait

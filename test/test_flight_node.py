@@ -8,6 +8,7 @@ together. Observations carry header stamps, as a robot driver's do.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from builtin_interfaces.msg import Time
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
@@ -222,3 +223,51 @@ def test_stamps_follow_the_state_across_a_rewind_and_a_fault(ros, tmp_path):
     assert abs(stamps[9] - (T0 + 0.08)) < 1e-6, stamps
     r = rewind(stamp=stamp(9, 5_000_000))  # step 10 consumed stamp(30): step 9 is the one
     assert r.success and r.step == 9, r.message
+
+
+@pytest.mark.parametrize("goal_meanwhile", [False, True])
+def test_an_automatic_dump_never_holds_a_goal_applied_after_it_was_asked_for(
+    ros, tmp_path, goal_meanwhile
+):
+    """A goal applied after a fault, before the flight thread took the dump's copy, changed the
+    session's current state (a goal is a commit-boundary edit: no step, so the line check saw
+    nothing): the dump's newest file held the new goal, no longer the state of the fault. It
+    is now left out, and the log says so; without a goal meanwhile the dump holds it.
+    In-process over real rclpy: the test holds the engine lock, so the flight thread waits
+    for it exactly where a goal can come first."""
+    import rclpy
+
+    from flashrt_ros.capsules import diskfmt
+    from flashrt_ros.node.flight_services import FlightServices
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.node.params import NODE_PARAMS
+    from flashrt_ros.node.services import Control
+    from flashrt_ros.node.stats import LoopStats
+    from test.engine_util import make_engine
+
+    node = rclpy.create_node("flashrt", context=ros.context)
+    cfg = NODE_PARAMS.config(
+        {"capsule_dir": str(tmp_path), "flight_ticks": 4, "flight_dump_interval_s": 0.0}
+    )
+    ctl = Control(LoopStats(), node.get_logger(), lambda: cfg)
+    host = ServiceHost(node)
+    flight = FlightServices(ctl, host, host.group)
+    eng = ctl.engine = make_engine(flight_ticks=4)
+    try:
+        with ctl.lock:
+            for o in OBS[:6]:
+                eng.step(o)
+                flight.tick(eng, "main")
+            flight.on_step_error(eng, "main")  # a fault with no move: the dump is wanted
+            if goal_meanwhile:
+                eng.set_goal(np.full(eng.goal_dim, 0.25))
+                flight.on_goal(eng, "main")
+        assert flight.settle(10.0)
+        flight.close()
+        (dump,) = (tmp_path / "flight").iterdir()
+        files = sorted(dump.iterdir(), key=lambda p: diskfmt.read_capsule_header(p)["step"])
+        steps = [diskfmt.read_capsule_header(f)["step"] for f in files]
+        assert steps == ([3, 4, 5] if goal_meanwhile else [3, 4, 5, 6]), steps
+    finally:
+        host.destroy()
+        node.destroy_node()

@@ -586,6 +586,7 @@ class FlashrtNode(LifecycleNode):
                 return
             try:
                 self.engine.set_goal(msg.data, session=self.live)
+                self.flight.on_goal(self.engine, self.live)
             except ValueError as e:
                 self._refuse(f"goal: {e}")
                 return

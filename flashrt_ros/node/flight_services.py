@@ -145,6 +145,7 @@ class Wanted:
     reason: str
     wall: float  # time.time() when it was asked for: the folder's name
     line: tuple  # FlightServices._line() then
+    goals: int  # goals applied to the session until then (FlightServices.on_goal)
     fit: int  # the newest ticks that fit in the disk bound
     budget: int  # flight_dump_max_mb in bytes
     capsule_dir: str
@@ -208,6 +209,7 @@ class FlightServices:
         self._rings: dict[str, StampRing] = {}
         self._moves: dict[str, int] = {}  # per session: ticks and rewinds seen (see _line())
         self._last: dict[str, int] = {}  # per session: its step after the last tick or move
+        self._goals: dict[str, int] = {}  # per session: goals applied (see on_goal())
         self._last_auto: float | None = None
         self._warned_no_dir = False
         self.last_dump = ""
@@ -248,6 +250,7 @@ class FlightServices:
         """A new configure: the stamps, moves and steps seen of the old engine mean nothing."""
         if eng is not self._engine:
             self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
+            self._goals = {}
 
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a
@@ -261,6 +264,15 @@ class FlightServices:
         ring = self._rings.get(session)
         if ring is not None:
             ring.forget_after(steps)
+
+    def on_goal(self, eng, session: str) -> None:
+        """A goal was written into the session's arena (engine lock held): a commit-boundary
+        edit of its current state, which moves nothing the line check sees. An automatic dump
+        asked for before it leaves that state out (_take): it is no longer the one of the
+        fault."""
+        if eng.flight_ticks:
+            self._follow(eng)
+            self._goals[session] = self._goals.get(session, 0) + 1
 
     def _stamp(self, eng, s, step: int) -> int | None:
         ring = self._rings.get(s.name) if eng is self._engine else None
@@ -479,8 +491,18 @@ class FlightServices:
         with self._taken:
             self._wanted += 1
         sref = weakref.ref(eng.session(session))
+        goals = self._goals.get(session, 0) if eng is self._engine else 0
         want = Wanted(
-            weakref.ref(eng), sref, session, reason, time.time(), line, fit, budget, cfg.capsule_dir
+            weakref.ref(eng),
+            sref,
+            session,
+            reason,
+            time.time(),
+            line,
+            goals,
+            fit,
+            budget,
+            cfg.capsule_dir,
         )
         self._jobs.put(want)
 
@@ -519,7 +541,18 @@ class FlightServices:
                 why = moved(eng)
                 if why:
                     return why
-                states[i].copy_(eng.session(want.session).flight_state(t))
+                s = eng.session(want.session)
+                if t == s.steps and self._goals.get(want.session, 0) != want.goals:
+                    self.ctl.fast_log.warning(
+                        f"flight recorder: the {want.reason} dump of {want.session!r} leaves "
+                        f"out step {t}, its current state: a goal was applied to it after the "
+                        "dump was asked for"
+                    )
+                    held, stamps, states = held[:i], stamps[:i], states[:i]
+                    break
+                states[i].copy_(s.flight_state(t))
+        if not held:
+            return "its only recorded state was changed by a goal since"
         return Snapshot(want.session, parent, held, stamps, states, store)
 
     def settle(self, timeout: float = 5.0) -> bool:

@@ -17,6 +17,7 @@ import torch
 from flashrt_ros import Engine
 from flashrt_ros.policies.chunked import ChunkedPolicy
 from flashrt_ros.runtime import fusecheck, session
+from flashrt_ros.runtime.flight import record
 from test import lerobot_like as ll
 from test.test_chunked import OBS, run
 
@@ -60,6 +61,33 @@ def test_a_fused_step_that_differs_from_the_eager_one_is_not_served(monkeypatch,
     np.testing.assert_array_equal(
         run(eng, OBS[6:10], session="alt"), run(eager, OBS[6:10], session="main")
     )
+
+
+def test_a_fused_step_that_writes_the_wrong_ring_slot_is_not_served(monkeypatch):
+    """Where the step function writes the flight ring itself (the CPU; CUDA without the ring
+    kernel), the ring is compared too: a fused step whose actions and state are right but
+    whose ring write lands in the wrong slot would rewind to a wrong state later."""
+
+    def wrong_ring_step():
+        def step(*args) -> None:
+            policy, buf, obs, action, chunk, table, ring, kind, conv = args
+            if ring is not None:  # the slot after the right one
+                (counter,) = (
+                    buf[o : o + n].view(d) for name, d, _s, o, n in table if name == "step"
+                )
+                record(ring, buf, counter + 1)
+            session.arena_step(policy, buf, obs, action, chunk, table, None, kind, conv)
+
+        return step
+
+    monkeypatch.setattr(session, "fused_step", wrong_ring_step)
+    eng = chunked(fuse=True, flight_ticks=4)
+    assert "'flight ring'" in eng.fused_mismatch, eng.fused_mismatch
+    eager = chunked(fuse=False, flight_ticks=4)
+    np.testing.assert_array_equal(run(eng, OBS[:6]), run(eager, OBS[:6]))
+    eng.rewind(2)
+    eager.rewind(2)
+    assert eng.state_bytes() == eager.state_bytes()
 
 
 def test_differences_are_judged_by_dtype():

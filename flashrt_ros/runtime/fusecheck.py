@@ -69,8 +69,8 @@ def check_fused(
     """Step fused and eager from the same state, kind by kind; the first difference ("" when
     none). `kinds(step)` is the tick kind of a step, `run(kind, fused)` one policy step over the
     session's buffers, `advance()` the step counter, `outputs` every buffer the step writes
-    (arena views by name, action, chunk); at least `min_ticks` ticks (MAX_TICKS at most). The
-    caller saves and restores the buffers."""
+    (arena views by name, action, chunk, the flight ring where the step writes it); at least
+    `min_ticks` ticks (MAX_TICKS at most). The caller saves and restores the buffers."""
     g = torch.Generator().manual_seed(0)
     seen: dict[int, int] = {}
     n_kinds = len(tick_inputs)

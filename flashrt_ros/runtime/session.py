@@ -218,9 +218,14 @@ class Session:
                 fn()
 
     def _check_fused(self, policy: Policy, runs: list) -> str:
-        """fusecheck.check_fused over this session's buffers, which are put back after."""
+        """fusecheck.check_fused over this session's buffers, which are put back after. Where
+        the step function writes the flight ring itself (no ring kernel), the ring is one of
+        its outputs: a fused write to the wrong slot would be a wrong rewind later."""
         outputs = {**self.views, "action": self.action, "chunk": self.chunk}
         keep = self._protect
+        if self._ring is not None and not self.ring_kernel:
+            outputs["flight ring"] = self._ring
+            keep = [*keep, self._ring]
         saved = [t.clone() for t in keep]
         try:
             return fusecheck.check_fused(

@@ -63,6 +63,30 @@ def test_exported_policy_capsules_restore_exactly(program):
     assert np.array_equal(np.array([eng.step(o) for o in obs[20:]]), first)
 
 
+class DelayLine(torch.nn.Module):
+    """(obs, goal, cur, prev) -> (prev, obs, cur): acts on the observation of two ticks ago.
+    Its last new state is an input returned as it is."""
+
+    def forward(self, obs, goal, cur, prev):
+        return prev * 1.0, obs * 1.0, cur
+
+
+def test_a_state_returned_as_it_is_keeps_its_old_value(tmp_path):
+    """A new state that is a state input unchanged (a delay line) was copied back after the
+    state it came from had been overwritten: the engine acted on the observation one tick old
+    instead of two. The engine's actions are now the program's own."""
+    m = DelayLine()
+    path = tmp_path / "delay.pt2"
+    args = tuple(torch.zeros(3) for _ in range(4))  # four tensors, none aliasing another
+    torch.export.save(torch.export.export(m, args), path)
+    eng = Engine(load_policy(str(path)), device="cpu")
+    cur = prev = torch.zeros(3)
+    for t in range(1, 6):
+        obs = np.full(3, float(t), np.float32)
+        want, cur, prev = m(torch.from_numpy(obs), torch.zeros(3), cur, prev)
+        assert np.array_equal(eng.step(obs), want.numpy()), t
+
+
 def test_export_without_state_or_bad_arity_is_refused(tmp_path):
     class NoGoal(torch.nn.Module):
         def forward(self, obs):

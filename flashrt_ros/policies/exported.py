@@ -64,6 +64,11 @@ class ExportedPolicy(Policy):
                 "reads something outside its inputs) that a capsule cannot hold; pass noise in "
                 "as a state tensor instead"
             )
+        # A new state that is one of the state inputs, returned as it is (a delay line, a
+        # swap): copied back after another state was overwritten, it would carry the new value,
+        # so it is cloned first (decided once: the program's outputs are fixed by its graph).
+        inputs = {t.untyped_storage().data_ptr() for t in state}
+        self._alias = tuple(t.untyped_storage().data_ptr() in inputs for t in out[1:])
         self.policy_id = f"exported:{path.name}"
         self.obs_dim, self.goal_dim = int(obs.shape[0]), int(goal.shape[0])
         self.action_dim = int(out[0].reshape(-1).shape[0])
@@ -86,8 +91,9 @@ class ExportedPolicy(Policy):
         out = self._fn(obs[0], state["goal"][0], *(state[f"s{i}"][0] for i in range(n)))
         action[0].copy_(out[0].reshape(-1))
         chunk[0, 0].copy_(out[0].reshape(-1))
+        new = [t.clone() if a else t for t, a in zip(out[1:], self._alias, strict=True)]
         for i in range(n):
-            state[f"s{i}"][0].copy_(out[i + 1])
+            state[f"s{i}"][0].copy_(new[i])
 
     def _apply(self, fn, recurse=True):
         # move the exported module's constants along with .to(device)

@@ -193,6 +193,27 @@ def test_weights_loading_rules(caplog):
         make_act(no_such_field=1)
 
 
+@pytest.mark.parametrize(
+    "spec, overrides, says",
+    [
+        ("builtin:act", {"action_dim": 14}, "action_dim=14 > state_dim=12"),
+        ("builtin:act", {"state_dim": 4}, "action_dim=6 > state_dim=4"),
+        ("builtin:act", {"relative_actions": False, "state_dim": 4}, "goal_chain=6"),
+        ("builtin:act", {"n_heads": 0}, "n_heads=0"),
+        ("builtin:diffusion", {"action_dim": 14}, "action_dim=14 > state_dim=12"),
+        ("builtin:diffusion", {"down_dims": ()}, "down_dims"),
+    ],
+)
+def test_overrides_that_cannot_step_are_refused_at_load(spec, overrides, says):
+    """Sizes that only failed at the first step (a StepFault poisoning the session: the state
+    holds fewer joint positions than the actions are relative to) or in the factory with a
+    raw ZeroDivisionError / IndexError are a BadRequest at load, naming the field."""
+    from flashrt_ros.errors import BadRequest
+
+    with pytest.raises(BadRequest, match=says.replace("(", r"\(")):
+        load_policy(spec, **overrides)
+
+
 def _rollout(policy, goals: np.ndarray, q0: np.ndarray, steps: int) -> np.ndarray:
     """Final L2 goal errors of ArmModels driven by the policy (first action of each chunk)."""
     cam = ArmCamera(*policy.config.image_hw)

@@ -40,6 +40,7 @@ from flashrt_ros.policies.visuomotor_common import (
     SmallConvEncoder,
     VisuomotorConfig,
     check_cameras,
+    check_dims,
     feature_hw,
     history,
     make_backbone,
@@ -206,7 +207,13 @@ class ACTPolicy(nn.Module):
         super().__init__()
         c = self.config = config or ACTConfig()
         c.cameras, c.image_hw = check_cameras(c.cameras, c.image_hw)
-        if c.dim_model % c.n_heads or c.dim_model % 4:
+        check_dims(c)
+        if not 0 <= c.goal_chain <= c.state_dim:
+            raise ValueError(
+                f"goal_chain={c.goal_chain} must be in 0..state_dim={c.state_dim} (it reads "
+                "that many joint positions from the state)"
+            )
+        if c.n_heads < 1 or c.dim_model % c.n_heads or c.dim_model % 4:
             raise ValueError(
                 f"dim_model={c.dim_model} must be a multiple of n_heads={c.n_heads} and of 4"
             )

@@ -38,6 +38,7 @@ from flashrt_ros.policies.visuomotor_common import (
     SpatialSoftmax,
     VisuomotorConfig,
     check_cameras,
+    check_dims,
     feature_hw,
     history,
     make_backbone,
@@ -253,6 +254,9 @@ class DiffusionPolicy(nn.Module):
         super().__init__()
         c = self.config = config or DiffusionConfig()
         c.cameras, c.image_hw = check_cameras(c.cameras, c.image_hw)
+        check_dims(c)
+        if not c.down_dims:
+            raise ValueError("down_dims must name at least one UNet level, got ()")
         if c.horizon % 2 ** (len(c.down_dims) - 1):
             raise ValueError(f"horizon {c.horizon} must divide by 2^(levels - 1)")
         if not 1 <= c.n_action_steps <= c.horizon:

@@ -65,6 +65,10 @@ def _chunked_builtin(spec: str, weights, overrides: dict) -> Policy:
         module = factory(**kw)
     except (ValueError, TypeError) as e:
         raise BadRequest(f"{spec}: {e}") from e
+    except Exception as e:  # an override no check foresaw (a size of 0 ...): still the caller's
+        raise BadRequest(
+            f"{spec}: these overrides do not make a policy ({type(e).__name__}: {e})"
+        ) from e
     size = kw.get("size", "sim")
     policy = ChunkedPolicy(module, policy_id=f"{spec}/{size}", check_pure=False)
     return policy.eval()

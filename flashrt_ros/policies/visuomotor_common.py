@@ -71,6 +71,22 @@ class VisuomotorConfig:
         }
 
 
+def check_dims(c) -> None:
+    """The state and action sizes of a builtin's config (ValueError naming the field): actions
+    relative to the joint positions read the first `action_dim` state values, so a config
+    that asks for more would only fail at the first step."""
+    for name in ("state_dim", "action_dim"):
+        v = getattr(c, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if c.relative_actions and c.action_dim > c.state_dim:
+        raise ValueError(
+            f"action_dim={c.action_dim} > state_dim={c.state_dim}: relative_actions adds the "
+            "first action_dim state values (the joint positions) to the actions; set "
+            "relative_actions=False, or action_dim <= state_dim"
+        )
+
+
 def check_cameras(cameras, image_hw) -> tuple[tuple[str, ...], tuple[int, int]]:
     """Normalized (cameras, image_hw); ValueError for an empty or repeated name or a bad size."""
     if isinstance(cameras, str):

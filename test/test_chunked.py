@@ -9,6 +9,8 @@ randomness is refused at load.
 
 from __future__ import annotations
 
+import logging
+
 import math
 
 import numpy as np
@@ -227,6 +229,21 @@ def test_a_mono_camera_feeds_a_one_channel_input():
 def test_a_module_drawing_its_own_randomness_is_refused_at_load():
     with pytest.raises(BadRequest, match="not a pure function"):
         load_policy("test.lerobot_like:make_impure")
+
+
+def test_a_pure_module_with_nan_on_the_example_batch_is_served_with_a_warning(caplog):
+    """NaN never equals NaN: a pure module whose output on the example batch holds NaN (a
+    square root of a negative state value) was refused as "drawing its own randomness". It is
+    accepted, with a warning; the engine refuses a non-finite action at the step itself."""
+
+    class SqrtOfNegative(ll.LeRobotLike):
+        def predict_action_chunk(self, batch: dict, noise: torch.Tensor | None = None):
+            out = self._predict_plain(batch)
+            return out + (-1.0 - out.abs()).sqrt()  # NaN, the same NaN at every call
+
+    with caplog.at_level(logging.WARNING, logger="flashrt_ros.policies.chunked"):
+        ChunkedPolicy(SqrtOfNegative())
+    assert "NaN or Inf on an example batch" in caplog.text
 
 
 def test_modules_that_do_not_fit_are_refused_with_a_reason():

@@ -26,6 +26,7 @@ cameras). The host picks the kind from its mirror of the step counter.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 
 import torch
@@ -34,6 +35,8 @@ from torch import nn
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.policies.base import IMAGE_PREFIX, InputSpec, Policy, StateEntry
 from flashrt_ros.policies.rng import hashed_normal
+
+log = logging.getLogger(__name__)
 
 INFER, QUEUE, RECORD = 0, 1, 2
 
@@ -338,11 +341,18 @@ class ChunkedPolicy(Policy):
         if not isinstance(outs[0], torch.Tensor) or tuple(outs[0].shape) != want:
             got = tuple(outs[0].shape) if isinstance(outs[0], torch.Tensor) else type(outs[0])
             raise BadRequest(f"{self.policy_id}: predict_action_chunk returned {got}, want {want}")
-        if not torch.equal(outs[0], outs[1]):
-            diff = float((outs[0] - outs[1]).abs().max())
+        if not torch.allclose(outs[0], outs[1], rtol=0.0, atol=0.0, equal_nan=True):
+            diff = float((outs[0] - outs[1]).abs().nan_to_num(float("inf")).max())
             raise BadRequest(
                 f"{self.policy_id}: predict_action_chunk is not a pure function of its inputs "
                 f"(two calls on the same batch{' and noise' if kw else ''} differ by {diff:g}): "
                 "it draws its own randomness or keeps state, which a capsule cannot hold. Pass "
                 "randomness in through a `noise` argument and keep queues out of it."
+            )
+        if not torch.isfinite(outs[0]).all():  # pure, but a step on such inputs would fault
+            log.warning(
+                "%s: predict_action_chunk gave NaN or Inf on an example batch (state in "
+                "[-1, 1], images in [0, 1]); a step whose action is not finite is refused "
+                "and poisons its session",
+                self.policy_id,
             )

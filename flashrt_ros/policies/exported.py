@@ -16,6 +16,13 @@ import torch
 from flashrt_ros.policies.base import Policy, StateEntry
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit, NaN where the other is NaN (NaN never equals NaN)."""
+    return torch.equal(a, b) or (
+        a.is_floating_point() and torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
+    )
+
+
 class ExportedPolicy(Policy):
     """A torch.export program wrapped in the policy protocol."""
 
@@ -58,7 +65,7 @@ class ExportedPolicy(Policy):
         # would not be in the arena, so no restore could replay it
         with torch.random.fork_rng(devices=[]):
             again = self._fn(obs, goal, *state)
-        if not all(torch.equal(a, b) for a, b in zip(out, again, strict=True)):
+        if not all(_same(a, b) for a, b in zip(out, again, strict=True)):
             raise ValueError(
                 f"{path}: two calls on the same inputs differ: the program draws randomness (or "
                 "reads something outside its inputs) that a capsule cannot hold; pass noise in "

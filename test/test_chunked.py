@@ -10,7 +10,6 @@ randomness is refused at load.
 from __future__ import annotations
 
 import logging
-
 import math
 
 import numpy as np

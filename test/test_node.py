@@ -289,3 +289,30 @@ def test_session_limit_holds_for_branch_and_committed_rollouts(fresh):
     scratch = fresh.call("rollout", observations=[0.0] * 12, n_steps=1)
     assert scratch.success, scratch.message  # a scratch fork still works at the limit
     assert sorted(fresh.call("list_capsules").sessions) == sorted(["main", *made])
+
+
+def test_a_committed_rollout_stops_when_another_request_moves_its_session(fresh):
+    """A reset (or restore, rewind, branch into it, drop) of the session a committed rollout
+    steps, served between two of its steps, used to be stepped over: the rollout went on from
+    the new state and replied success, its actions mixing two starting states. It stops now,
+    says why, and the session holds what the other request put there."""
+    from flashrt_ros import srv
+
+    assert fresh.call("branch", capsule="origin", session="b1").success
+    steps = 5000  # far more than fit in the time before the reset
+    req = srv.Rollout.Request(
+        session="b1", commit=True, observations=np.tile(OBS[0], steps).tolist(), n_steps=steps
+    )
+    client = fresh.ros.client(srv.Rollout, fresh.proc.service("rollout"))
+    assert client.wait_for_service(timeout_sec=10)
+    fut = client.call_async(req)
+    fresh.ros.spin_for(0.5)
+    assert not fut.done(), f"the rollout ended before the reset: {fut.result().message}"
+    r = fresh.call("reset_session", session="b1")
+    assert r.success and r.step == 0, r.message
+    assert fresh.ros.spin_until(fut.done, 60), "no reply from the rollout"
+    got = fut.result()
+    assert not got.success and "reset, rewound, replaced or dropped" in got.message, got.message
+    cp = fresh.call("checkpoint", session="b1")
+    assert cp.success and cp.capsule.step == 0, cp.message  # what the reset left
+    assert fresh.call("drop_session", session="b1").success

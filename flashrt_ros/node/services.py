@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from rclpy.task import Future
 
-from flashrt_ros.errors import BadName, BadRequest, CapacityError
+from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference
 from flashrt_ros.node.convert import capsule_msg
 from flashrt_ros.node.logs import FastLog
 from flashrt_ros.node.loop import EngineLock, name_os_thread
@@ -381,6 +381,8 @@ class CapsuleServices:
             self._same_engine(eng)
             target = self._prepare_rollout(eng, req)
             ctl.on_moved(eng, target)  # a committed rollout's steps carry no observation stamp
+            mine = eng.session(target)
+            line = mine.generation
         recent = collections.deque([FIRST_STEP_COST_S], maxlen=15)
         cost = FIRST_STEP_COST_S
         actions = np.empty((n, eng.action_dim))
@@ -417,12 +419,25 @@ class CapsuleServices:
                 self._same_engine(eng)
                 if target == ctl.live:
                     raise BadRequest(f"{target!r} was made live during the rollout; stopped")
+                if self._session_or_none(eng, target) is not mine or mine.generation != line:
+                    raise BadRequest(
+                        f"{target!r} was restored, reset, rewound, replaced or dropped by "
+                        f"another request during the rollout: stopped after {i} of {n} steps"
+                        + ("; the state it holds is that request's" if req.commit else "")
+                    )
                 t = time.perf_counter()
                 actions[i] = eng.step(rows[i], session=target)
                 dt = time.perf_counter() - t
             recent.append(dt)
             cost = float(np.median(recent))  # a step preempted by the OS is not the new cost
         return actions
+
+    @staticmethod
+    def _session_or_none(eng, name: str):
+        try:
+            return eng.session(name)
+        except UnknownReference:  # dropped
+            return None
 
     def _same_engine(self, eng) -> None:
         if self.ctl.engine is not eng:

@@ -139,6 +139,10 @@ class Session:
         self.chunk_np = self.host_chunk[0].numpy()
         self.steps = 0  # host mirror of views["step"], so reading it never syncs
         self.parent_id = ""
+        # bumped whenever the arena is put elsewhere than its last step left it (restore,
+        # branch into it, copy, reset, rewind): work spread over several steps (a committed
+        # rollout) sees that another request moved the session under it
+        self.generation = 0
         with torch.no_grad():
             policy.init_state(self.views, seed)
             self.views["meta"][0, 0] = int(seed)
@@ -337,6 +341,7 @@ class Session:
         (restore, branch, session copy, reset): the state now starts a new line of steps, so the
         flight ring's older slots no longer lead here. Host bookkeeping only: the arena itself
         is the newest state, and the next step records it."""
+        self.generation += 1
         if self.flight is not None:
             self.flight.restart(self.steps)
 
@@ -358,6 +363,7 @@ class Session:
         older than it stay held."""
         self.flight.rewind(step, self.steps, self.arena.buf)
         self.steps = step
+        self.generation += 1
 
     @property
     def captured(self) -> bool:

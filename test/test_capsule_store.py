@@ -434,3 +434,22 @@ def test_errors_name_the_problem(tmp_path):
     with pytest.raises(FingerprintMismatch, match="fingerprint"):
         other.load_capsule(path)
     assert names_in(tmp_path) == ["e.export"]
+
+
+def test_a_capsule_dir_or_weights_path_under_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
+    """A params file does not expand "~" (compile_cache_dir's default uses it, and is
+    expanded): capsule_dir "~/capsules" and weights "~/w.pt" were refused as missing."""
+    import shutil
+
+    from flashrt_ros import load_policy
+    from flashrt_ros.policies.loader import BUILTIN_WEIGHTS
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "caps").mkdir()
+    shutil.copy(BUILTIN_WEIGHTS, tmp_path / "w.pt")
+    eng = make_engine(policy="builtin:hybrid", capsule_dir="~/caps")
+    eng.checkpoint(name="kept", persist=True)
+    assert (tmp_path / "caps" / "kept.fcap").is_file()
+    shipped = load_policy("builtin:hybrid")
+    mine = load_policy("builtin:hybrid", weights="~/w.pt")
+    assert all(torch.equal(a, b) for a, b in zip(shipped.parameters(), mine.parameters()))

@@ -60,7 +60,7 @@ class CapsuleStore:
         nbytes: int,
         policy_id: str,
     ):
-        self.folder = Path(folder) if folder else None
+        self.folder = Path(folder).expanduser() if folder else None  # "~/capsules" too
         self.fingerprint = fingerprint
         self.layout = layout
         self.nbytes = int(nbytes)

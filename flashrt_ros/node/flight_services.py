@@ -588,7 +588,7 @@ class FlightServices:
 
     def _run(self, snap, base: str, name: str, tail: str, budget, reason: str, done) -> None:
         try:
-            paths, folder = self._write(snap, Path(base), name, tail, budget)
+            paths, folder = self._write(snap, Path(base).expanduser(), name, tail, budget)
         except Exception as e:  # noqa: BLE001
             if done is not None:
                 done.set_exception(e)

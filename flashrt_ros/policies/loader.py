@@ -7,6 +7,7 @@ import importlib
 import inspect
 import logging
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -94,6 +95,10 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
         raise BadRequest(f"policy spec must be a non-empty string, got {spec!r}")
     if weights is not None and not isinstance(weights, str | Path):
         raise BadRequest(f"weights must be a path or None, got {weights!r}")
+    if weights:  # "~/w.pt" as a shell would read it (a params file does not expand it)
+        weights = os.path.expanduser(weights)
+    if spec.startswith("~"):  # a program's path
+        spec = os.path.expanduser(spec)
     if spec == "builtin:hybrid":
         cfg = _hybrid_config(overrides)
         torch.manual_seed(0)

@@ -452,4 +452,5 @@ def test_a_capsule_dir_or_weights_path_under_a_tilde_is_in_the_home_folder(tmp_p
     assert (tmp_path / "caps" / "kept.fcap").is_file()
     shipped = load_policy("builtin:hybrid")
     mine = load_policy("builtin:hybrid", weights="~/w.pt")
-    assert all(torch.equal(a, b) for a, b in zip(shipped.parameters(), mine.parameters()))
+    pairs = zip(shipped.parameters(), mine.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)

@@ -210,6 +210,21 @@ def _wait(proc, timeout: float = 60.0) -> int | None:
         return None
 
 
+@pytest.mark.parametrize("after_s", [0.2, 1.0, 2.0])
+def test_sigterm_while_the_node_starts_ends_it_cleanly(tmp_path, ros_domain, after_s):
+    """docker stop, systemd and launch's escalation send SIGTERM. During the imports rclpy's
+    handler shut rcl down and the node was then made on a context gone: a traceback and exit
+    1. It ends now as after Ctrl-C, with status 0, at any point of the start."""
+    require_rclpy()
+    proc = launch_node({"device": "cpu"}, log_dir=tmp_path / "term")
+    time.sleep(after_s)
+    proc.proc.send_signal(signal.SIGTERM)
+    rc = _wait(proc, 30.0)
+    log = proc.log_path.read_text(errors="replace")
+    assert rc == 0, f"rc {rc}\n{log}"
+    assert "Traceback" not in log, log
+
+
 def test_a_policy_that_cannot_be_built_fails_configure_saying_why(tmp_path, ros_domain):
     """An error of any kind while configuring (here the policy's state_spec raises KeyError) is
     logged with its type and text and the node exits 2: rclpy alone would report the failed

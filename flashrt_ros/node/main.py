@@ -48,9 +48,10 @@ def usage() -> str:
 
 
 class _Interrupts:
-    """SIGINT raises KeyboardInterrupt once; after that (shutdown under way, e.g. `ros2 launch`
-    forwarding a second Ctrl-C while destroy_node runs) it is ignored, so the node still ends
-    cleanly. Installed before rclpy.init, whose own handler calls it after shutting rcl down."""
+    """SIGINT or SIGTERM raises KeyboardInterrupt once; after that (shutdown under way, e.g.
+    `ros2 launch` forwarding a second Ctrl-C while destroy_node runs) it is ignored, so the
+    node still ends cleanly. Installed before rclpy.init, whose own handler calls it after
+    shutting rcl down."""
 
     def __init__(self) -> None:
         self.stopping = False
@@ -90,6 +91,13 @@ def process_age_s() -> float:
 
 
 def main(args: Sequence[str] | None = None) -> int:
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # a signal before rclpy took over (the first imports): done
+        return 0
+
+
+def _main(args: Sequence[str] | None) -> int:
     argv = list(sys.argv if args is None else args)
     from flashrt_ros.node.params import wants_help
 
@@ -98,7 +106,11 @@ def main(args: Sequence[str] | None = None) -> int:
         return 0
     t_start = time.monotonic() - process_age_s()
     interrupts = _Interrupts()
+    # both: rclpy's handlers (it takes SIGINT and SIGTERM) call these after shutting rcl down,
+    # so a SIGTERM (docker stop, systemd, launch's escalation) during the imports ends the
+    # process like a Ctrl-C, not with the traceback of a node made on a context gone
     signal.signal(signal.SIGINT, interrupts)
+    signal.signal(signal.SIGTERM, interrupts)
     from flashrt_ros.node import bytecode
     from flashrt_ros.node.memory import tune_malloc
 

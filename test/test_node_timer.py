@@ -309,7 +309,9 @@ def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
 
     cpus = sorted(os.sched_getaffinity(0))
     mine = frozenset({cpus[-1]})
-    proc = ros.start_node({"trigger": "timer", "rate_hz": 200.0, "cpu_affinity": str(cpus[-1])})
+    # given as a bare number (`-p cpu_affinity:=1`, which rcl reads as an integer), as a user
+    # writes one CPU; it was refused for not being a string
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 200.0, "cpu_affinity": cpus[-1]})
     c = NodeClient(ros, proc)
     stream(c, 0.5, 100.0)
     assert ros.spin_until(lambda: len(c.commands) > 20, 10.0), proc.log_tail()

@@ -46,6 +46,9 @@ BAD = [  # (overrides, the parameter the error names): one of each class of bad 
     ({"cpu_affinity": "2,"}, "cpu_affinity"),
     ({"cpu_affinity": "5-2"}, "cpu_affinity"),  # a range that runs backwards
     ({"cpu_affinity": "0-99999999"}, "cpu_affinity"),
+    ({"cpu_affinity": -1}, "cpu_affinity"),
+    ({"cpu_affinity": True}, "cpu_affinity"),
+    ({"cpu_affinity": 1.0}, "cpu_affinity"),
 ]
 
 
@@ -87,6 +90,13 @@ def test_cpu_lists_read_as_taskset_reads_them():
     for bad in ("5-2", " 3", "3 ", "-1", "1,,2", "a", "0-99999999999"):
         with pytest.raises(ValueError):
             parse_cpus(bad)
+
+
+def test_one_cpu_given_as_a_bare_number_is_that_cpu():
+    """rcl reads `cpu_affinity: 3` (unquoted) as the integer 3; it means CPU 3."""
+    from flashrt_ros.node.params import NODE_PARAMS
+
+    assert NODE_PARAMS.config({"cpu_affinity": 3}).cpu_affinity == "3"
 
 
 def test_integers_are_taken_where_doubles_are_declared():

@@ -81,6 +81,9 @@ class Param:
     unique: bool = False
     min_items: int = 0
     live: bool = False
+    # a string parameter that may be given as a bare number (rcl reads `cpu_affinity: 3` as
+    # the integer 3): a non-negative integer is taken as its decimal text
+    int_as_text: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -142,6 +145,8 @@ class Param:
                 raise _Bad("out of range")
             return int(v) if k == "integer" else float(v)
         if k == "string":
+            if self.int_as_text and type(v) is int and v >= 0:
+                v = str(v)
             if not isinstance(v, str):
                 raise _Bad(_kind_of(v))
             if self.choices and v not in self.choices:
@@ -717,6 +722,7 @@ NODE_PARAMS = ParamTable(
             pattern=CPU_LIST,
             pattern_text="CPU numbers and ranges as taskset -c takes them, e.g. '3', '2,3' or "
             "'4-7' ('' = any CPU)",
+            int_as_text=True,
         ),
         Param(
             "busy_wait",

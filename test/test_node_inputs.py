@@ -246,3 +246,36 @@ def test_diagnostics_watchdog_steps_in_for_a_silent_control_thread(ros):
     finally:
         d.by_loop = False
         node.destroy_node()
+
+
+def test_qos_overrides_let_observation_mode_hear_a_best_effort_driver(ros):
+    """ROS's standard QoS override parameters reach the input subscriptions: with
+    qos_overrides./<ns>/joint_states.subscription.reliability = best_effort, observation mode
+    steps on a driver that publishes best effort (it never heard it, and the override was
+    ignored without a word). An override that names no subscription is warned about."""
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import JointState
+
+    from test.node_client import JOINTS
+
+    proc = ros.start_node(
+        {
+            "trigger": "observation",
+            "device": "cpu",
+            "qos_overrides./be/joint_states.subscription.reliability": "best_effort",
+            "qos_overrides./be/joint_state.subscription.reliability": "best_effort",
+        },
+        namespace="be",
+    )
+    c = NodeClient(ros, proc)
+    pub = ros.node.create_publisher(JointState, proc.topic("joint_states"), qos_profile_sensor_data)
+    assert ros.spin_until(lambda: pub.get_subscription_count() > 0, 10), "not matched"
+    n = len(c.commands)
+    for _ in range(20):  # best effort: a message sent before the match settles may be lost
+        pub.publish(JointState(name=JOINTS, position=[0.1] * 6, velocity=[0.0] * 6))
+        if ros.spin_until(lambda: len(c.commands) > n, 0.5):
+            break
+    assert len(c.commands) > n, proc.log_tail()
+    said = "'qos_overrides./be/joint_state.subscription.reliability' ignored"
+    assert said in proc.log_tail(200), proc.log_tail(200)
+    ros.node.destroy_publisher(pub)

@@ -44,6 +44,7 @@ import numpy as np
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node.inputs import InputLoop
 from flashrt_ros.node.polled import take
+from flashrt_ros.node.qos_check import QOS_OVERRIDES, input_qos
 from flashrt_ros.node.stats import Ring
 from flashrt_ros.obs.images import COMPRESSED, camera_key, decode_compressed, image_array
 
@@ -193,9 +194,10 @@ class Cameras:
                     CompressedImage if cam.compressed else Image,
                     f"camera/{name}/image_raw" + ("/compressed" if cam.compressed else ""),
                     partial(self.on_compressed if cam.compressed else self.on_image, cam),
-                    qos,
+                    input_qos(qos),
                     callback_group=callback_group,
                     raw=typestore is not None,  # decoded by decode_image (the module docstring)
+                    qos_overriding_options=QOS_OVERRIDES,
                 )
                 self.cams.append(cam)
         except Exception:

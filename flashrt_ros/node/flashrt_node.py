@@ -54,7 +54,12 @@ from flashrt_ros.node.loop import (
     throttle_note,
 )
 from flashrt_ros.node.polled import PolledGroup, take
-from flashrt_ros.node.qos_check import unmatched
+from flashrt_ros.node.qos_check import (
+    QOS_OVERRIDES,
+    input_qos,
+    unmatched,
+    warn_unused_qos_overrides,
+)
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
@@ -220,7 +225,7 @@ class FlashrtNode(LifecycleNode):
                     self._refuse,
                     self._polled,
                     polled=timer,
-                    qos=qos_profile_sensor_data if timer else 10,
+                    qos=input_qos(qos_profile_sensor_data if timer else 10),
                     prestage=self._prestage,
                     on_new=self._step_if_due if frames else None,
                 )
@@ -230,7 +235,12 @@ class FlashrtNode(LifecycleNode):
                 return TransitionCallbackReturn.FAILURE
         self._subs = [
             self.create_subscription(
-                Float64MultiArray, "goal", self._on_goal, 10, callback_group=self._polled
+                Float64MultiArray,
+                "goal",
+                self._on_goal,
+                input_qos(10),
+                callback_group=self._polled,
+                qos_overriding_options=QOS_OVERRIDES,
             ),
             self.create_subscription(
                 JointState,
@@ -238,10 +248,12 @@ class FlashrtNode(LifecycleNode):
                 self._on_joint_states,
                 # frame steps take the newest, yet keep the observation trigger's reliable QoS,
                 # so both observation modes match the same joint_states publishers
-                qos_profile_sensor_data if timer else 10 if frames else 100,
+                input_qos(qos_profile_sensor_data if timer else 10 if frames else 100),
                 callback_group=self._polled,
+                qos_overriding_options=QOS_OVERRIDES,
             ),
         ]
+        warn_unused_qos_overrides(self)
         self._js_sub = self._subs[1]
         # timer mode: the control thread takes joint_states and the images itself
         drained = [self._subs[0]]  # the goal
@@ -647,7 +659,9 @@ class FlashrtNode(LifecycleNode):
                 self._unheard_logged.add(line)
                 self.get_logger().warning(
                     f"{line}: its messages never arrive (observation mode subscribes reliably; "
-                    "make the publisher reliable, or use trigger:=timer, which takes both)"
+                    "make the publisher reliable, set the read-only parameter "
+                    f"qos_overrides.{line.split(':', 1)[0]}.subscription.reliability to "
+                    "best_effort, or use trigger:=timer, which takes both)"
                 )
         return lines
 

@@ -1,5 +1,12 @@
-"""Publishers a subscription of the node never hears, and why (the usual ROS pitfall: a driver
-that publishes BEST_EFFORT, a subscription that asks for RELIABLE).
+"""The QoS of the node's input subscriptions: what a user may override, and the publishers a
+subscription never hears, and why (the usual ROS pitfall: a driver that publishes BEST_EFFORT,
+a subscription that asks for RELIABLE).
+
+The inputs (joint_states, goal, the cameras) take ROS's standard QoS overrides, read-only
+parameters named `qos_overrides.<topic>.subscription.<reliability|history|depth>` (for
+example `qos_overrides./joint_states.subscription.reliability: best_effort`, to hear a driver
+that publishes best effort in observation mode). An override that names no subscription of
+the node is warned about at configure.
 
 The node's subscriptions are polled (polled.py), so rclpy's incompatible-QoS events, which the
 executor would run, never fire for them. Instead /diagnostics compares, once a second, the
@@ -8,7 +15,45 @@ publishers the ROS graph lists on each topic with what each subscription asks fo
 
 from __future__ import annotations
 
-from rclpy.qos import QoSReliabilityPolicy
+import fnmatch
+
+from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+from rclpy.qos_overriding_options import QoSOverridingOptions
+
+# reliability, history and depth of each input subscription, as parameters
+QOS_OVERRIDES = QoSOverridingOptions.with_default_policies()
+_QOS_FIELDS = (
+    "history",
+    "depth",
+    "reliability",
+    "durability",
+    "lifespan",
+    "deadline",
+    "liveliness",
+    "liveliness_lease_duration",
+    "avoid_ros_namespace_conventions",
+)
+
+
+def input_qos(qos: QoSProfile | int) -> QoSProfile:
+    """A profile of its own for a subscription that takes overrides: rclpy writes the
+    overrides into the profile it is given (never into a shared one like sensor data's)."""
+    if isinstance(qos, int):
+        return QoSProfile(depth=qos)
+    return QoSProfile(**{f: getattr(qos, f) for f in _QOS_FIELDS})  # (durations: no deepcopy)
+
+
+def warn_unused_qos_overrides(node) -> None:
+    """Warn about each `qos_overrides.*` parameter given to the node that names none of its
+    subscriptions (a misspelt topic, a publisher): it would change nothing, silently."""
+    given = getattr(node, "_parameter_overrides", {})  # what rcl parsed; no public accessor
+    for name in sorted(n for n in given if fnmatch.fnmatch(n, "qos_overrides.*")):
+        if not node.has_parameter(name):
+            node.get_logger().warning(
+                f"parameter {name!r} ignored: it names no input subscription of this node "
+                "(qos_overrides.<topic>.subscription.<reliability|history|depth>, with the "
+                "topic's full name, e.g. qos_overrides./joint_states.subscription.reliability)"
+            )
 
 
 def _why(want, offer) -> str:

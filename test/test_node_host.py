@@ -650,3 +650,43 @@ def test_destroy_answers_what_is_parked_or_queued_instead_of_leaving_clients_wai
     assert checkpoints == ["warm"]  # the queued request never ran
     ros.spin_for(0.3)
     assert not listing.done()
+
+
+def test_a_wake_up_seen_as_a_tick_is_due_still_resumes_the_parked_handler(ros, owner):
+    """The control thread's wait woke for a parked handler's guard just as a tick was due: it
+    left what was ready for the next wait, but a guard's trigger is spent by the wait that saw
+    it, so the handler was never resumed and its client waited forever (the demo's one-step
+    rollouts hung within a few dozen calls). The guard is triggered again."""
+    from rclpy.task import Future
+
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.srv import Rollout
+
+    host = ServiceHost(owner)
+    done: Future = Future()
+    wake = host.create_guard_condition(lambda: None)
+
+    async def rollout(req, resp):
+        resp.action_dim = await done
+        resp.success = True
+        return resp
+
+    host.create_service(Rollout, "~/rollout", rollout)
+    host.start()
+    ro = ros.client(Rollout, "/flashrt/rollout")
+    with host.lent() as serve:
+        pending = _call_async(ros, ro, Rollout.Request(n_steps=1))
+        ros.spin_for(0.3)
+        serve(1.0)  # takes the request: the handler parks
+        assert len(host._parked) == 1
+        done.set_result(5)
+        wake.trigger()
+        serve(1.0, lambda: True)  # the wake-up comes as a tick is due: nothing handled now
+        assert len(host._parked) == 1
+        for _ in range(3):  # the next gaps between ticks, each until its spin is due
+            spin_at = time.monotonic() + 0.2
+            serve(0.2, lambda spin_at=spin_at: time.monotonic() >= spin_at)
+        assert not host._parked  # resumed in the first gap
+    assert ros.spin_until(pending.done, 10.0)
+    assert pending.result().success and pending.result().action_dim == 5
+    host.destroy()

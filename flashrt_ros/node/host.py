@@ -228,6 +228,16 @@ class ServiceHost(WaitLoop):
         except Exception as e:  # whoever serves (a borrower steps too) goes on
             self.log.error(f"serving failed: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
+    def _on_skipped(self, ws) -> None:
+        """A guard seen ready but not handled (a tick was due) is triggered again: it may be
+        the wake-up of a parked handler whose work is done, and nothing else would resume it
+        (its client would wait for a reply the loop never sends)."""
+        ready = ws.get_ready_entities("guard_condition")
+        for gc in self._guards:
+            if gc.handle.pointer in ready:
+                with contextlib.suppress(Exception):  # destroyed: nobody waits any more
+                    gc.trigger()
+
     def _handle(self, ws, stop: Callable[[], bool] | None) -> None:
         ready = ws.get_ready_entities("guard_condition")
         if ready:

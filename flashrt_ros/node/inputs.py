@@ -75,6 +75,10 @@ class InputLoop(WaitLoop):
         guards, services = self._served or ([], [])
         return subs, guards, services
 
+    def _on_skipped(self, ws) -> None:
+        if self._served is not None:
+            self.host._on_skipped(ws)
+
     def _on_ready(self, ws, stop=None) -> None:
         served = self._served is not None
         if served:  # the services first: each request between two steps

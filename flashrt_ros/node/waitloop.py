@@ -48,6 +48,11 @@ class WaitLoop:
         """Handle what the wait found ready (`ws.get_ready_entities(kind)`); `stop()`, when
         given, says to leave what is still queued for the next wait (its entity stays ready)."""
 
+    def _on_skipped(self, ws) -> None:
+        """The wait found `ws` ready, but `stop()` said not to handle it now. A subscription or
+        a service stays ready until taken; a guard condition's trigger is spent by the wait that
+        saw it, so a subclass whose guards mean work to do triggers them again here."""
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -147,5 +152,7 @@ class WaitLoop:
                 ws.wait(timeout_ns)  # the GIL is free meanwhile
                 if stop is None or not stop():
                     self._on_ready(ws, stop)
+                else:  # what is ready waits for the next wait (a tick is due, or the end)
+                    self._on_skipped(ws)
 
             yield wait

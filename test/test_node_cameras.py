@@ -125,6 +125,8 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert c.commands == []
     d = c.latest_diag()
     assert "stale: camera 'top'" in d["last_refusal"] and int(d["refused_inputs"]) == 1, d
+    # nothing steps, inputs come and are refused: a WARN that says why (it said OK "stepping")
+    assert d["_level"] == 1 and d["_message"].startswith("no step: inputs refused (stale: "), d
 
     def expect(state, top, wrist) -> np.ndarray:
         return eng.step(

@@ -101,6 +101,13 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
         ros.spin_for(0.5)
         assert len(c.commands) == n + 20
         assert _transition(ros, proc, Transition.TRANSITION_CLEANUP), round_
+    # a lifecycle shutdown leaves the node finalized, for good: /diagnostics and the services
+    # say so (they said "unconfigured" and "configure it first", which no transition allows)
+    assert _transition(ros, proc, Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)
+    d = c.wait_diag(lambda d: d["state"] == "finalized", 5.0)
+    assert d["_level"] == 1 and "restart the process" in d["_message"], d
+    r = c.call("checkpoint")
+    assert not r.success and "finalized" in r.message, r.message
     assert proc.alive()
     assert proc.stop() == 0
 

@@ -108,6 +108,8 @@ class FlashrtNode(LifecycleNode):
         self._cams = None  # node/cameras.py Cameras: camera/<name>/image_raw
         self._state_key = ""  # the policy's vector input, when it takes a dict observation
         self._stale_why = ""  # the stream a stale tick waited for
+        self._refused_seen = 0  # refused inputs counted by the last /diagnostics
+        self._refused_at = -1e9  # when a /diagnostics last saw that count grow
         self._stale_at = float("-inf")  # when the last stale tick was
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
@@ -417,6 +419,7 @@ class FlashrtNode(LifecycleNode):
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
+        self.control.finalized = True  # no transition leaves finalized: requests say so
         self._stop_loop()
         self._release()
         return super().on_shutdown(state)
@@ -814,12 +817,19 @@ class FlashrtNode(LifecycleNode):
                 )
 
     # -- diagnostics -------------------------------------------------------------------------------
+    def _state_name(self) -> str:
+        if self.active:
+            return "active"
+        if self.engine is not None:
+            return "inactive"
+        return "finalized" if self.control.finalized else "unconfigured"
+
     def diagnostic_array(self) -> DiagnosticArray:
         """This node's /diagnostics message now (published by diagnostics.Diagnostics)."""
         sn = self.stats.snapshot(time.monotonic())  # percentiles computed off the stats lock
         rate = sn["rate_hz"]
         kv = {
-            "state": "active" if self.active else ("inactive" if self.engine else "unconfigured"),
+            "state": self._state_name(),
             "rate_hz": f"{rate:.1f}",
             "steps": str(sn["steps"]),
             "step_p50_us": f"{sn['step_p50_us']:.1f}",
@@ -848,6 +858,9 @@ class FlashrtNode(LifecycleNode):
             "last_fault": sn["last_fault"],
         }
         new_faults = sn["new_faults"]
+        if sn["refused"] != self._refused_seen:  # refusals since the last status
+            self._refused_seen, self._refused_at = sn["refused"], time.monotonic()
+        refusing = time.monotonic() - self._refused_at < 2.0  # rate_hz's window
         ctl, poisoned, live, busy_s = self.control, {}, "", 0.0
         with ctl.lock.within(self.ENGINE_WAIT_S) as held:
             eng = ctl.engine if held else None
@@ -899,6 +912,9 @@ class FlashrtNode(LifecycleNode):
             self.control.fast_log.error(message)
         elif new_faults:
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
+        elif self.control.finalized:
+            level = DiagnosticStatus.WARN
+            message = "finalized (lifecycle shutdown): restart the process to serve again"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
         elif (
@@ -912,6 +928,9 @@ class FlashrtNode(LifecycleNode):
         ):
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
+        elif refusing and rate == 0.0:  # inputs come, and are all refused: nothing steps
+            level = DiagnosticStatus.WARN
+            message = f"no step: inputs refused ({sn['last_refusal']})"
         elif poisoned:
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         elif unheard:

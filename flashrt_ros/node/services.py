@@ -53,6 +53,7 @@ class Control:
         self.lock = EngineLock()
         self.engine = None  # the Engine while configured
         self.live = "main"  # the session whose actions reach the robot
+        self.finalized = False  # a lifecycle shutdown: no engine, and none ever again
         self.stats = stats
         self.log = logger  # rclpy's: for throttled lines
         self.fast_log = FastLog(logger)  # the same lines without rclpy's caller lookup (logs.py)
@@ -97,6 +98,10 @@ class Control:
         """The Engine, or BadRequest when the node is not configured."""
         eng = self.engine
         if eng is None:
+            if self.finalized:
+                raise BadRequest(
+                    "node is finalized (lifecycle shutdown): restart the process to serve again"
+                )
             raise BadRequest("node is not configured: configure it (lifecycle) first")
         return eng
 

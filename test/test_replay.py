@@ -221,3 +221,41 @@ def test_golden_tolerance_catches_a_one_step_delay(tmp_path, capsys):
     bags.write_commands(tmp_path / "delayed", delayed, storage="mcap")
     assert against_golden(tmp_path / "delayed", "arm_mcap") == 1
     assert "divergence at command 1:" in capsys.readouterr().out
+
+
+def _js(header_s: float, recv_s: float):
+    from flashrt_ros.replay.bags import InputEvent
+
+    return InputEvent(
+        kind="joint_states",
+        stamp_ns=round(recv_s * 1e9),
+        names=[],
+        position=np.zeros(6),
+        velocity=np.zeros(6),
+        header_ns=round(header_s * 1e9),
+    )
+
+
+def test_from_capsule_finds_the_joint_states_with_the_capsules_stamp_or_refuses():
+    """--from-capsule started after the last joint_states stamped at or before the capsule's
+    stamp: one message off where header stamps repeat, far off where they go back (a clock
+    step). Stamped bags now need exactly one joint_states with the stamp; unstamped ones keep
+    the receive-time rule (the node stamped them by its own receive time)."""
+    from flashrt_ros.replay.player import events_after
+
+    back = [_js(10.0 + 0.01 * i, 100 + i) for i in range(5)] + [
+        _js(9.5 + 0.01 * i, 105 + i)
+        for i in range(5)  # the clock stepped back 0.55 s
+    ]
+    rest, before = events_after(back, 10.02)
+    assert before == 3 and rest == back[3:]  # the last at or before it is the 10th (9.54 s)
+    rest, before = events_after(back, 9.52)
+    assert before == 8 and rest == back[8:]
+    dup = [_js(10.0, 100), _js(10.01, 101), _js(10.01, 102), _js(10.02, 103)]
+    with pytest.raises(ValueError, match="2 joint_states of the bag .* ambiguous"):
+        events_after(dup, 10.01)
+    with pytest.raises(ValueError, match="no joint_states of the bag carries"):
+        events_after(dup, 10.015)
+    unstamped = [_js(0.0, 100 + i) for i in range(4)]
+    rest, before = events_after(unstamped, 101.5)
+    assert before == 2 and rest == unstamped[2:]

@@ -123,6 +123,22 @@ def test_messy_bags_skip_bad_samples_and_step_each_valid_one(fresh, tmp_path, na
     assert int(fresh.diagnostics[-1]["refused_inputs"]) >= before + n_bad  # the node refused them
 
 
+def test_a_sample_beyond_obs_limit_is_left_out_like_the_node_does(fresh, tmp_path, capsys):
+    """A live run's bag with one glitch (a joint at 5000, beyond obs_limit 1000): the node
+    refuses and counts such a sample; the replay waited for a command that never came and
+    failed (offline: stopped at it, exit 2). It reads the node's obs_limit (offline: the
+    --obs-limit option) and leaves the sample out, as it does other invalid ones."""
+    events = bags.read_inputs(FIX / "arm_sqlite3")
+    states = [e for e in events if e.kind == "joint_states"]
+    states[49].position[0] = 5000.0
+    bags.write_inputs(tmp_path / "glitch", events, storage="sqlite3")
+    assert replay([str(tmp_path / "glitch"), str(tmp_path / "node")]) == 0
+    assert "299 commands" in capsys.readouterr().out
+    offline = [str(tmp_path / "glitch"), str(tmp_path / "offline"), "--offline"]
+    assert replay([*offline, "--device", fresh.latest_diag()["device"]]) == 0
+    assert bagdiff([str(tmp_path / "node"), str(tmp_path / "offline")]) == 0
+
+
 def test_replay_errors_are_clear(tmp_path, capsys):
     cases = [
         ([str(tmp_path / "missing"), str(tmp_path / "o1")], "missing"),

@@ -85,13 +85,16 @@ class NodeDriver:
         self._spin_until(fut.done, client.srv_name)
         return fut.result()
 
-    def connect(self) -> list[str]:
-        """Check the node is there in observation mode; returns its joint_names."""
+    def connect(self) -> tuple[list[str], float]:
+        """Check the node is there in observation mode; returns its joint_names and obs_limit
+        (the replay leaves out what the node would refuse, and expects no command for it)."""
         resp = self._call(
-            self.params, GetParameters.Request(names=["trigger", "joint_names", "cameras"])
+            self.params,
+            GetParameters.Request(names=["trigger", "joint_names", "cameras", "obs_limit"]),
         )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
         cams = list(resp.values[2].string_array_value)
+        limit = resp.values[3].double_value
         self.cameras = [c.partition(":")[0] for c in cams]
         compressed = [c.partition(":")[0] for c in cams if c.endswith(":compressed")]
         if compressed:
@@ -116,7 +119,7 @@ class NodeDriver:
         if self.cameras:
             self._spin_until(lambda: self.seen is not None, "~/camera_seen")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
-        return joints
+        return joints, limit
 
     def _publish_js(self, event: InputEvent) -> None:
         """With the bag's header stamp (its receive time when it had none): the node's flight

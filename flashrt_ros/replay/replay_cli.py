@@ -4,6 +4,7 @@ its commands."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -101,6 +102,13 @@ def parse(argv):
     off.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     off.add_argument("--seed", type=int, default=0, help="the node's `seed` (default 0)")
     off.add_argument(
+        "--obs-limit",
+        type=float,
+        default=1000.0,
+        help="the node's `obs_limit` (default 1000): a joint_states with a value beyond it is "
+        "left out, as the node refuses it (read from the node when replaying through one)",
+    )
+    off.add_argument(
         "--cameras",
         default="",
         help="the node's `cameras` as NAME[:ENCODING],... (default: the bag's cameras, "
@@ -114,6 +122,10 @@ def parse(argv):
     a = ap.parse_args(argv)
     if a.rate < 0:
         ap.error("--rate must be >= 0")
+    if not (a.obs_limit > 0 and math.isfinite(a.obs_limit)):
+        ap.error("--obs-limit must be a finite number > 0")
+    if not (a.timeout > 0 and math.isfinite(a.timeout)):
+        ap.error("--timeout must be a finite number of seconds > 0")
     if a.from_capsule and not a.offline:
         ap.error(
             "--from-capsule needs --offline: the node has no service that loads a capsule file "
@@ -218,6 +230,7 @@ def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = 
         load_policy(a.policy, weights=a.weights or None),
         device=a.device,
         seed=a.seed,
+        obs_limit=a.obs_limit,
         # a flight ring of one: the node that recorded a flight dump steps with its ring write
         flight_ticks=1 if start is not None else 0,
         image_encodings={camera_key(n): e for n, e in cams.items() if e is not None},
@@ -227,7 +240,7 @@ def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = 
     if start is not None:  # fingerprint, layout, checksum checked: a foreign file is refused
         info = engine.load_capsule(a.from_capsule)
         engine.restore(info.id, session="main", verify=True)
-    mapper = JointMapper([j for j in a.joints.split(",") if j])
+    mapper = JointMapper([j for j in a.joints.split(",") if j], limit=engine.obs_limit)
     return play(
         events,
         mapper,
@@ -248,7 +261,7 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
     rclpy.init()
     driver = NodeDriver(a.node, a.timeout)
     try:
-        mapper = JointMapper(driver.connect())
+        mapper = JointMapper(*driver.connect())
         _same_cameras(bag_cams or [], driver.cameras, "the node")
         return play(
             events,

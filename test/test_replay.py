@@ -74,11 +74,14 @@ def test_replay_reproduces_golden_bag_and_twice_gives_identical_bags(fresh, tmp_
     assert bags.detect_storage(out1) == bags.detect_storage(FIX / name)
     assert against_golden(out1, name) == 0
     assert ": 300 commands" in capsys.readouterr().out  # identical, or equal within ATOL
-    assert fresh.call("restore", capsule="origin").success
+    # no restore of the step-0 capsule between the two: the replay resets the live session
     assert replay([str(FIX / name), str(out2)]) == 0
     assert bagdiff([str(out1), str(out2)]) == 0  # same machine: exact
     assert "identical: 300 commands" in capsys.readouterr().out
     assert [s for s, _ in bags.read_commands(out1)] == [s for s, _ in bags.read_commands(out2)]
+    out3 = tmp_path / "three"  # --no-reset: on from where the second replay left the node
+    assert replay([str(FIX / name), str(out3), "--no-reset"]) == 0
+    assert bagdiff([str(out1), str(out3)]) == 1
 
 
 def test_offline_replay_equals_node_replay(fresh, tmp_path):

@@ -21,7 +21,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, UInt64MultiArray
 
 from flashrt_ros.replay.bags import InputEvent
-from flashrt_ros.srv import Checkpoint, Restore
+from flashrt_ros.srv import Checkpoint, ResetSession, Restore
 
 
 class NodeError(RuntimeError):
@@ -52,6 +52,7 @@ class NodeDriver:
         )
         self.cp = self.n.create_client(Checkpoint, f"{self.node_name}/checkpoint")
         self.rs = self.n.create_client(Restore, f"{self.node_name}/restore")
+        self.reset_cl = self.n.create_client(ResetSession, f"{self.node_name}/reset_session")
         self.params = self.n.create_client(GetParameters, f"{self.node_name}/get_parameters")
         self.ns = ns
         self.cameras: list[str] = []  # the node's, in its `cameras` order
@@ -120,6 +121,14 @@ class NodeDriver:
             self._spin_until(lambda: self.seen is not None, "~/camera_seen")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
         return joints, limit
+
+    def reset(self) -> str:
+        """Put the node's live session back to its initial state (what the replay starts from,
+        so that two replays are the same); its reply."""
+        r = self._call(self.reset_cl, ResetSession.Request(session=""))
+        if not r.success:
+            raise NodeError(f"~/reset_session: {r.message}")
+        return r.message
 
     def _publish_js(self, event: InputEvent) -> None:
         """With the bag's header stamp (its receive time when it had none): the node's flight

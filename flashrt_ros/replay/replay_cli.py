@@ -16,7 +16,10 @@ EPILOG = """
 The node must run with trigger:=observation (one step per joint_states message):
   ros2 run flashrt_ros flashrt_node --ros-args -p trigger:=observation
 Replay is lockstep: each observation is sent only after the previous command came back, and each
-goal only after the node echoed it on ~/goal_applied, so results never depend on timing.
+goal only after the node echoed it on ~/goal_applied, so results never depend on timing. It
+starts by putting the node's live session back to its initial state (~/reset_session), so a
+replay gives the same commands however often it runs; --no-reset plays from the state the node
+holds (e.g. a capsule restored with ~/restore).
 Commands are recorded with the stamp of the observation they answer, in IN_BAG's storage format.
 The replay publishes on the node's own topics, <namespace of --node>/joint_states, /goal and
 /camera/<name>/image_raw, and reads <namespace>/commands, whatever the bag's topics are called;
@@ -88,6 +91,12 @@ def parse(argv):
         "--timeout", type=float, default=10.0, help="seconds to wait for each answer (default 10)"
     )
     ap.add_argument("--storage", choices=bags.STORAGES, help="output storage (default: IN_BAG's)")
+    ap.add_argument(
+        "--no-reset",
+        action="store_true",
+        help="play from the node's live session as it stands (default: put it back to its "
+        "initial state first, with ~/reset_session, so two replays give the same commands)",
+    )
     off = ap.add_argument_group("offline (no node, no DDS)")
     off.add_argument("--offline", action="store_true", help="step an in-process Engine instead")
     off.add_argument(
@@ -131,6 +140,8 @@ def parse(argv):
             "--from-capsule needs --offline: the node has no service that loads a capsule file "
             "(restore one it holds with ~/restore, or rewind it with ~/rewind)"
         )
+    if a.no_reset and a.offline:
+        ap.error("--no-reset is for a node: an --offline replay starts from a new Engine")
     if a.from_capsule and a.checkpoint_at is not None:
         ap.error("--from-capsule does not combine with --checkpoint-at/--restore-at")
     return a
@@ -262,6 +273,8 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
     driver = NodeDriver(a.node, a.timeout)
     try:
         mapper = JointMapper(*driver.connect())
+        if not a.no_reset:
+            print(f"{a.node}: {driver.reset()}")
         _same_cameras(bag_cams or [], driver.cameras, "the node")
         return play(
             events,

@@ -58,6 +58,25 @@ def test_demo_help():
     assert r.returncode == 2 and "--duration" in r.stderr and "FLASHRT_DEMO" not in r.stderr
 
 
+def test_demo_refuses_what_it_cannot_run_before_starting_anything(tmp_path):
+    """An endless story (it crashed after starting the nodes: OverflowError) and an output
+    folder that cannot be made (a traceback, exit 1) are one line and exit 2."""
+    env = _env(fresh_domain_id())
+    demo = [sys.executable, "-m", "flashrt_ros.demo"]
+    (tmp_path / "afile").write_text("not a folder")
+    for args, says in (
+        (["--duration", "inf"], "--duration"),
+        (["--duration", "nan"], "--duration"),
+        (["--out", str(tmp_path / "afile")], "--out"),
+        (["--out", str(tmp_path / "afile" / "sub")], "--out"),
+    ):
+        r = subprocess.run(
+            [*demo, *args], cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=60
+        )
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_demo_runs_end_to_end(tmp_path):
     _require_rclpy()
     domain = fresh_domain_id()

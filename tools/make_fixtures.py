@@ -152,7 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace bags that already exist")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name, or above it
+        p.error(f"OUT_DIR {out}: {e.strerror or e}")
+    names = [f"{base}_{storage}" for base in ("arm", "messy") for storage in ("sqlite3", "mcap")]
+    taken = [out / n for n in names if (out / n).exists()]
+    if taken and not args.force:  # before anything is written: all the bags, or none
+        print(f"{', '.join(map(str, taken))} exist(s); use --force to replace", file=sys.stderr)
+        return 2
     arm, arm_info = arm_events()
     messy, messy_info = messy_events()
     manifest = {}
@@ -160,9 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         for storage in ("sqlite3", "mcap"):
             path = out / f"{base}_{storage}"
             if path.exists():
-                if not args.force:
-                    print(f"{path} exists; use --force to replace it", file=sys.stderr)
-                    return 2
                 shutil.rmtree(path)
             write_inputs(path, events, storage)
             size = sum(f.stat().st_size for f in path.iterdir())

@@ -57,6 +57,7 @@ from train_hybrid import (  # noqa: E402
     BatchArm,
     N,
     batch_expert,
+    check_args,
     new_episode,
     run_meta,
     write_weights,
@@ -314,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-steps", type=int, default=1000)
     p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
-    if Path(args.out).exists() and not args.force:  # a trial run must not replace them unseen
-        p.error(f"{args.out} exists: pass --force to replace it")
+    counts = ("steps", "batch", "arms", "threads", "eval_arms", "eval_steps", "log_every")
+    check_args(p, args, counts)
     policy, summary = train(args)
     meta = run_meta(
         "tools/train_act.py",

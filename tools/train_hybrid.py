@@ -303,6 +303,23 @@ def train(args) -> dict:
     return policy, summary
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace, counts: tuple) -> None:
+    """Before any training: the counts are >= 1 (0 divided by zero, minutes in), and --out can
+    be written (a folder that cannot be made failed only at the save, the run lost)."""
+    for name in counts:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    out = Path(args.out)
+    if out.is_dir():
+        p.error(f"--out {out} is a folder: give the weights file's path")
+    if out.exists() and not args.force:  # a trial run must not replace them unseen
+        p.error(f"{out} exists: pass --force to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {out}: cannot make its folder ({e.strerror or e})")
+
+
 def run_meta(trainer: str, method: str, args: argparse.Namespace, **fields) -> dict:
     """The start of a weights file's meta: the trainer, the method, the command that reproduces
     the run (all but --out), ``fields``, the torch version and the date."""
@@ -366,10 +383,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (%(default)s)")
     p.add_argument("--log-every", type=int, default=50, help="print every N steps (%(default)s)")
     args = p.parse_args(argv)
+    check_args(p, args, ("steps", "batch", "episode", "window", "threads", "log_every"))
     if args.episode % args.window:
         p.error("--episode must be a multiple of --window")
-    if Path(args.out).exists() and not args.force:  # a trial run must not replace them unseen
-        p.error(f"{args.out} exists: pass --force to replace it")
 
     policy, summary = train(args)
     cfg = policy.config

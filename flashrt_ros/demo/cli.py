@@ -73,8 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if env_dom and not env_dom.strip().isdigit():
             ap.error(f"FLASHRT_DEMO_DOMAIN_ID must be a domain id (0-232), got {env_dom!r}")
         args.domain_id = int(env_dom) if env_dom else DEFAULT_DOMAIN_ID
-    if not (args.duration >= 8.0):
-        ap.error("--duration must be at least 8 s")
+    if not (math.isfinite(args.duration) and args.duration >= 8.0):
+        ap.error("--duration must be a number of seconds, at least 8")
+    if not (math.isfinite(args.startup_timeout) and args.startup_timeout > 0):
+        ap.error("--startup-timeout must be a number of seconds > 0")
     if not (math.isfinite(args.rate) and 1.0 <= args.rate <= 1000.0):
         ap.error("--rate must be within 1 .. 1000 Hz")
     if not 0 <= args.domain_id <= 232:
@@ -103,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wall0 = time.monotonic()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name, a file above it, no permission
+        print(f"flashrt demo: error: --out {out}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
     # DDS stays on this machine, in the demo's own domain (this process and its children)
     os.environ["ROS_DOMAIN_ID"] = str(args.domain_id)

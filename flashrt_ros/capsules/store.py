@@ -185,7 +185,8 @@ class CapsuleStore:
         if os.path.lexists(path):
             raise BadName(
                 f"capsule file {path.name} exists in capsule_dir (a capsule not in the pool: "
-                "evicted, or not loaded at start); load_capsule and drop it, or pick another name"
+                "evicted, or not loaded at start); pick another name, or remove the file "
+                "(Engine.load_capsule and drop_capsule, or by hand while the node is stopped)"
             )
         path = self.write(path, info, state)
         self._files[info.id] = _Owned(path, info.stamp, info.checksum)

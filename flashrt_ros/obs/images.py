@@ -18,7 +18,7 @@ CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8|compressed))?"
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
 COMPRESSED = "compressed"  # a camera whose JPEG or PNG frames are decoded to rgb8 (or mono8)
 FORMATS = ("JPEG", "PNG")  # what a compressed camera's frames may be
-# Pillow modes of 8-bit (or 1-bit) samples: converted exactly; 16-bit and float ones are not
+# Pillow modes of 8-bit (or 1-bit) samples: converted exactly; 16-bit grey and float are not
 EIGHT_BIT = ("1", "L", "LA", "P", "RGB", "RGBA", "CMYK", "YCbCr")
 CAMERA_TEXT = "name, name:encoding or name:compressed; a name is a letter then letters, digits "
 CAMERA_TEXT += "or _; encoding rgb8, bgr8 or mono8"
@@ -49,7 +49,8 @@ def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") ->
     array (H x W grey for a 1-channel `shape`), or BadRequest. The size is read from the header
     and checked before anything is decoded, so a frame of the wrong size (or a decompression
     bomb) costs no decode. Other 8-bit modes (grey, palette, RGBA, CMYK) are converted by
-    Pillow; 16-bit and float frames (a depth camera on the wrong topic) are refused.
+    Pillow; 16-bit grey and float frames (a depth camera on the wrong topic) are refused. A
+    16-bit colour PNG is read by Pillow as 8-bit RGB (the high byte of each sample).
     The array is a view over a bytes object, so Engine staging may keep it (inputs.immutable)."""
     import io
 

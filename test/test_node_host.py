@@ -690,3 +690,64 @@ def test_a_wake_up_seen_as_a_tick_is_due_still_resumes_the_parked_handler(ros, o
     assert ros.spin_until(pending.done, 10.0)
     assert pending.result().success and pending.result().action_dim == 5
     host.destroy()
+
+
+def test_a_persisted_checkpoint_writes_its_file_without_the_engine_lock(ros, owner, tmp_path):
+    """The file of a persisted checkpoint (two fsyncs: milliseconds, tens on an SD card) was
+    written by the thread that serves, holding the engine lock: the control loop, which serves
+    between its ticks, lost ticks for it. Now only the checks and a host copy take the lock; the
+    file is written on a thread of its own while the engine steps and other requests are
+    answered, and the reply comes once the file and the capsule are both there.
+    (The write is held back here by an event, so the test needs no slow disk.)"""
+    from flashrt_ros.node.host import ServiceHost
+    from flashrt_ros.node.params import NODE_PARAMS
+    from flashrt_ros.node.services import CapsuleServices, Control
+    from flashrt_ros.node.stats import LoopStats
+    from flashrt_ros.srv import Checkpoint, ListCapsules
+    from test.engine_util import make_engine, observations
+
+    cfg = NODE_PARAMS.config({"capsule_dir": str(tmp_path)})
+    ctl = Control(LoopStats(), owner.get_logger(), lambda: cfg)
+    eng = ctl.engine = make_engine(capsule_dir=tmp_path)
+    host = ServiceHost(owner)
+    services = CapsuleServices(ctl, host, host.group)
+    writing, release = threading.Event(), threading.Event()
+    write = eng.write_persist
+
+    def held_back(p) -> None:
+        writing.set()
+        assert release.wait(10.0)
+        write(p)
+
+    eng.write_persist = held_back
+    host.start()
+    try:
+        ck = ros.client(Checkpoint, "/flashrt/checkpoint")
+        ls = ros.client(ListCapsules, "/flashrt/list_capsules")
+        obs = observations(3)
+        eng.step(obs[0])
+        saved = _call_async(ros, ck, Checkpoint.Request(name="kept", persist=True))
+        assert writing.wait(10.0)
+        with ctl.lock:  # free while the file is written: the loop steps meanwhile
+            second = eng.step(obs[1])
+        plain = ros.call(ck, Checkpoint.Request(name="plain"))  # other requests are served
+        assert plain.success and plain.capsule.step == 2, plain.message
+        taken = ros.call(ck, Checkpoint.Request(name="kept", persist=True))  # name reserved
+        assert not taken.success and "being written" in taken.message, taken.message
+        assert not saved.done() and not (tmp_path / "kept.fcap").exists()
+        release.set()
+        assert ros.spin_until(saved.done, 10.0)
+        r = saved.result()
+        assert r.success and r.capsule.step == 1 and r.capsule.name == "kept", r.message
+        assert (tmp_path / "kept.fcap").is_file()
+        names = {c.name: c.step for c in ros.call(ls, ListCapsules.Request()).capsules}
+        assert names == {"kept": 1, "plain": 2}
+        # the file holds the state of step 1, as the reply says, not the session's now
+        fresh = make_engine(capsule_dir=tmp_path)
+        assert fresh.restore("kept").step == 1
+        assert fresh.step(obs[1]).tolist() == second.tolist()
+    finally:
+        release.set()
+        host.stop()
+        services.close()
+        host.destroy()

@@ -178,9 +178,9 @@ class CapsuleStore:
         except OSError:
             return False
 
-    def persist(self, info: CapsuleInfo, state: torch.Tensor) -> Path:
-        """Write the capsule's file into capsule_dir; BadName when that file exists (a persisted
-        capsule is never overwritten, not even one evicted from the pool)."""
+    def free_path(self, info: CapsuleInfo) -> Path:
+        """Where the capsule's file goes in capsule_dir; BadName when that file exists (a
+        persisted capsule is never overwritten, not even one evicted from the pool)."""
         path = self.path_for(info)
         if os.path.lexists(path):
             raise BadName(
@@ -188,12 +188,14 @@ class CapsuleStore:
                 "evicted, or not loaded at start); pick another name, or remove the file "
                 "(Engine.load_capsule and drop_capsule, or by hand while the node is stopped)"
             )
-        path = self.write(path, info, state)
-        self._files[info.id] = _Owned(path, info.stamp, info.checksum)
         return path
 
+    def own(self, info: CapsuleInfo, path: Path) -> None:
+        """The capsule lives in the file just written for it (drop removes it, discard too)."""
+        self._files[info.id] = _Owned(Path(path), info.stamp, info.checksum)
+
     def discard(self, info: CapsuleInfo) -> None:
-        """Remove the file persist() just wrote for a capsule that did not make it into the
+        """Remove the file a persist just wrote for a capsule that did not make it into the
         pool (only that file: the entry says which)."""
         owned = self._files.pop(info.id, None)
         if owned is not None and owned.holds(info):

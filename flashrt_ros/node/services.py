@@ -150,9 +150,15 @@ class CapsuleServices:
             target=self._work_forever, name="flashrt-rollout", daemon=True
         )
         self._worker.start()
+        # Files of persisted checkpoints are written on a thread of their own, without the
+        # engine lock (Engine.begin_persist / write_persist / end_persist): their fsyncs take
+        # milliseconds (tens on an SD card), which the control loop must not wait for.
+        self._disk_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._disk = threading.Thread(target=self._write_forever, name="flashrt-disk", daemon=True)
+        self._disk.start()
         self._wake = node.create_guard_condition(lambda: None, callback_group=group)
+        node.create_service(Checkpoint, "~/checkpoint", self.checkpoint, callback_group=group)
         for srv, name, fn in (
-            (Checkpoint, "~/checkpoint", self.checkpoint),
             (Restore, "~/restore", self.restore),
             (Branch, "~/branch", self.branch),
             (ListCapsules, "~/list_capsules", self.list_capsules),
@@ -206,6 +212,8 @@ class CapsuleServices:
         where it stopped) and write what is held."""
         self._closing.set()
         self._jobs.put(None)
+        self._disk_jobs.put(None)
+        self._disk.join(timeout=timeout)  # a file being written is finished first
         self._worker.join(timeout=timeout)
         if self._worker.is_alive():
             self.ctl.log.warning(f"the rollout thread is still in a step after {timeout:g} s")
@@ -214,15 +222,61 @@ class CapsuleServices:
         self.ctl.write_said()
 
     # -- handlers ----------------------------------------------------------------------------------
-    def checkpoint(self, req, resp):
-        with self._locked():
-            eng = self.ctl.configured()
-            session = self.ctl.user_session(eng, req.session)
-            info = eng.checkpoint(session, name=req.name or None, pin=req.pin, persist=req.persist)
+    async def checkpoint(self, req, resp):
+        """A plain checkpoint is answered at once; a persisted one's file is written on the disk
+        thread while the loop steps and other requests are served (the class docstring)."""
+        t0 = time.perf_counter()
+        try:
+            if req.persist:
+                info, session = await self._persisted(req)
+            else:
+                with self._locked():
+                    eng = self.ctl.configured()
+                    session = self.ctl.user_session(eng, req.session)
+                    info = eng.checkpoint(session, name=req.name or None, pin=req.pin)
+        except Exception as e:
+            return self._answer("checkpoint", resp, e)
+        finally:
+            self.ctl.timed(t0, "checkpoint")
         resp.success, resp.capsule = True, capsule_msg(info)
         resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
         self.ctl.say(f"checkpoint: {resp.message}")
         return resp
+
+    async def _persisted(self, req):
+        """begin_persist under the lock, the file on the disk thread, end_persist under the
+        lock; whatever refuses on the way leaves nothing behind (the file included)."""
+        with self._locked():
+            eng = self.ctl.configured()
+            session = self.ctl.user_session(eng, req.session)
+            pending = eng.begin_persist(session, req.name or None, req.pin)
+        done: Future = Future()
+        self._disk_jobs.put((eng, pending, done))
+        try:
+            await done  # the write's own error (an existing file, a full disk) is raised here
+            with self._locked():
+                if self.ctl.engine is not eng:
+                    raise BadRequest("the node was cleaned up while the file was written")
+                return eng.end_persist(pending), session
+        except BaseException:  # GeneratorExit too: the node is shutting down
+            with self._locked():
+                eng.abandon_persist(pending)
+            raise
+
+    def _write_forever(self) -> None:
+        name_os_thread()
+        while (job := self._disk_jobs.get()) is not None:
+            eng, pending, done = job
+            try:
+                eng.write_persist(pending)
+            except Exception as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+            try:
+                self._wake.trigger()
+            except Exception:  # the node is being destroyed: nobody awaits the reply
+                return
 
     def restore(self, req, resp):
         with self._locked():

@@ -11,6 +11,8 @@ session: it refuses to step or be checkpointed until a restore or branch into it
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import (
     device_checksum,
     to_hex,
@@ -148,6 +151,16 @@ def _ref(x, what: str) -> str:
     if not isinstance(x, str) or not x:
         raise BadRequest(f"{what} must be a non-empty string, got {type(x).__name__} {x!r}")
     return x
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingPersist:
+    """A persisted checkpoint begun (Engine.begin_persist): its info, file, state and digest."""
+
+    info: CapsuleInfo
+    path: Path
+    state: torch.Tensor  # a host copy of the arena when it was begun
+    digest: torch.Tensor  # that state's checksum lanes, on the device
 
 
 class Engine:
@@ -290,7 +303,9 @@ class Engine:
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
         )
-        self.pool.id_taken = self.store.id_known  # no new capsule takes the id of a file
+        # no new capsule takes the id of a file, or of a persist whose file is being written
+        self.pool.id_taken = lambda cid: self.store.id_known(cid) or cid in self._persisting
+        self._persisting: dict[str, str] = {}  # id -> name of each begun, unfinished persist
         t = time.perf_counter()
         self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
@@ -803,33 +818,112 @@ class Engine:
         if not persist and self._probe_of(s).fused:
             slot = self.pool.free_slot()
             if slot is not None:  # one pass fills the slot: no copy after the wait
-                self.pool.check_new(name)
+                self._check_new_name(name)
                 _, checksum = self._probe_finite(s, slot)
                 return self.pool.info(self.pool.adopt(slot, **meta(checksum)))
+        if persist:  # checks, then the file, then the pool: a refused call changes nothing
+            pending = self.begin_persist(s.name, name, pin)
+            try:
+                self.write_persist(pending)
+            except BaseException:
+                self.end_persist(pending, written=False)
+                raise
+            return self.end_persist(pending)
+        self._check_new_name(name)
         probe, checksum = self._probe_finite(s)
-        cid, path, stamp = None, None, None
-        if persist:
-            # everything that can refuse is checked, then the file is written, then the pool
-            # takes the capsule: a refused call changes nothing, on disk included
-            self.store.require_folder()
-            self.pool.check_new(name)
-            self.pool.require_room()
-            cid, stamp = self._fresh_id(), time.time()
-            m = meta(checksum)
-            info = CapsuleInfo(id=cid, nbytes=self.state_nbytes, tier="disk", stamp=stamp, **m)
-            path = self.store.persist(info, s.arena.buf)  # BadName when the file exists
-        try:
-            cap = self.pool.put(
-                s.arena.buf, cid=cid, stamp=stamp, digest=probe.digest, **meta(checksum)
-            )
-            if cid is not None:
-                self.pool.claim_id(cid)
-        except BaseException:
-            if path is not None:
-                self.store.discard(info)  # only the file this call created
-            raise
+        cap = self.pool.put(s.arena.buf, digest=probe.digest, **meta(checksum))
         self._report_evictions()
         return self.pool.info(cap)
+
+    def begin_persist(self, session: str, name: str | None, pin: bool = False) -> PendingPersist:
+        """A persisted checkpoint in three parts, so that the slow one (the file and its
+        fsyncs) needs no engine lock: here (lock held) every check that can refuse, the id and
+        name reserved, the state's host copy and digest; write_persist() (no lock) the file;
+        end_persist() (lock held) the pool. checkpoint(persist=True) runs the three in a row."""
+        s = self.session(session)
+        if name is not None and not isinstance(name, str):
+            raise BadName(f"capsule name must be a string or None, got {name!r}")
+        pin = _bool(pin, "pin")
+        why = self._poison.get(s.name)
+        if why:
+            raise BadRequest(
+                f"session {s.name!r} is poisoned ({why}): its state is not "
+                "worth keeping; restore, branch into or reset it first"
+            )
+        name = name or ""
+        self.store.require_folder()
+        self._check_new_name(name)
+        self.pool.require_room()
+        probe, checksum = self._probe_finite(s)
+        cid, stamp = self.peek_persist_id(), time.time()
+        info = CapsuleInfo(
+            id=cid,
+            nbytes=self.state_nbytes,
+            tier="disk",
+            stamp=stamp,
+            name=name,
+            session=s.name,
+            parent_id=s.parent_id,
+            step=s.steps,
+            pinned=pin,
+            checksum=checksum,
+        )
+        path = self.store.free_path(info)  # BadName when the file exists
+        state = s.arena.buf.detach().to("cpu", copy=True)  # the state now: the session moves on
+        self._persisting[cid] = name
+        return PendingPersist(info, path, state, probe.digest.clone())
+
+    def _check_new_name(self, name: str) -> None:
+        self.pool.check_new(name)
+        if name and name in self._persisting.values():
+            raise BadName(f"capsule name {name!r} is taken by a checkpoint being written")
+
+    def peek_persist_id(self) -> str:
+        return self.pool.peek_id(lambda cid: self.store.id_taken(cid) or cid in self._persisting)
+
+    def write_persist(self, p: PendingPersist) -> None:
+        """The file of a begun persist (no engine lock needed: it reads only `p`); BadName or
+        BadRequest when it cannot be written (it exists now, disk full, permissions)."""
+        self.store.write(p.path, p.info, p.state)
+
+    def end_persist(self, p: PendingPersist, written: bool = True) -> CapsuleInfo | None:
+        """The pool takes a written persist's capsule (the state as begin_persist copied it);
+        on any refusal its file is removed again. written=False only releases what
+        begin_persist reserved."""
+        try:
+            if not written:
+                return None
+            self.store.own(p.info, p.path)
+            try:
+                cap = self.pool.put(
+                    p.state,
+                    cid=p.info.id,
+                    stamp=p.info.stamp,
+                    digest=p.digest,
+                    name=p.info.name,
+                    session=p.info.session,
+                    parent_id=p.info.parent_id,
+                    step=p.info.step,
+                    pinned=p.info.pinned,
+                    checksum=p.info.checksum,
+                )
+                self.pool.claim_id(p.info.id)
+            except BaseException:
+                self.store.discard(p.info)  # only the file this persist wrote
+                raise
+            self._report_evictions()
+            return self.pool.info(cap)
+        finally:
+            self._persisting.pop(p.info.id, None)
+
+    def abandon_persist(self, p: PendingPersist) -> None:
+        """Undo a persist whose file may be written, before end_persist: the file goes (when
+        it is the one written for it), the reservation too."""
+        with contextlib.suppress(Exception):  # not written, or not ours: left as it is
+            header = diskfmt.read_capsule_header(p.path)
+            if header.get("id") == p.info.id and header.get("stamp") == p.info.stamp:
+                p.path.unlink()
+        self._persisting.pop(p.info.id, None)
 
     def restore(self, capsule: str, session: str = "main", verify: bool = True) -> CapsuleInfo:
         """Bring a capsule back into a session with one copy; the continuation is identical.
@@ -968,9 +1062,9 @@ class Engine:
         return self.store.write(path, self.pool.info(cap), self.pool.readable(cap))
 
     def _fresh_id(self) -> str:
-        """The next id free in the pool and in capsule_dir. Not used up here: checkpoint
-        claims it once the pool took the capsule."""
-        return self.pool.peek_id(self.store.id_taken)
+        """The next id free in the pool, in capsule_dir and among the persists being written.
+        Not used up here: the caller claims it once the pool took the capsule."""
+        return self.peek_persist_id()
 
     def _file_id(self, cid: object, path: Path) -> str:
         """The id a loaded file keeps: its own when it is one we could have issued, no live

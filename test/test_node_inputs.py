@@ -286,3 +286,21 @@ def test_qos_overrides_let_observation_mode_hear_a_best_effort_driver(ros):
     said = "'qos_overrides./be/joint_state.subscription.reliability' ignored"
     assert said in proc.log_tail(200), proc.log_tail(200)
     ros.node.destroy_publisher(pub)
+
+
+def test_a_best_effort_goal_publisher_is_named_in_timer_mode_too(ros):
+    """The goal is subscribed reliably in both modes; the check that names a publisher it can
+    never hear ran only in observation mode, so in timer mode a best-effort goal publisher was
+    ignored without a word (the robot kept going to the old goal)."""
+    from rclpy.qos import qos_profile_sensor_data
+    from std_msgs.msg import Float64MultiArray
+
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 50.0, "device": "cpu"}, namespace="tg")
+    c = NodeClient(ros, proc)
+    pub = ros.node.create_publisher(Float64MultiArray, proc.topic("goal"), qos_profile_sensor_data)
+    d = c.wait_diag(lambda d: d.get("qos_mismatch", "") != "", 10.0)
+    assert "/tg/goal" in d["qos_mismatch"] and "best_effort" in d["qos_mismatch"], d
+    assert d["_level"] == 1, d
+    assert ros.spin_until(lambda: "its messages never arrive" in proc.log_tail(200), 5)
+    assert "trigger:=timer" not in proc.log_tail(200)  # no advice that would change nothing
+    ros.node.destroy_publisher(pub)

@@ -652,11 +652,12 @@ class FlashrtNode(LifecycleNode):
                 return False
 
     def _unheard_publishers(self) -> list[str]:
-        """Observation mode subscribes reliably (lockstep must lose nothing): a BEST_EFFORT
-        publisher (many camera drivers) is then never matched, and nothing else says so.
-        Each such publisher is logged once; timer mode subscribes best-effort, matching all."""
+        """A reliable subscription never matches a BEST_EFFORT publisher (many camera
+        drivers), and nothing else says so: observation mode subscribes reliably (lockstep
+        must lose nothing), and the goal is reliable in both modes. Each such publisher is
+        logged once."""
         cfg = self.cfg
-        if cfg is None or cfg.trigger != "observation":
+        if cfg is None:
             return []
         subs = list(self._subs) + ([c.sub for c in self._cams.cams] if self._cams else [])
         try:
@@ -667,13 +668,19 @@ class FlashrtNode(LifecycleNode):
         for line in lines:
             if line not in self._unheard_logged:
                 self._unheard_logged.add(line)
+                timer = (
+                    " or use trigger:=timer, which takes both," if not self._is_goal(line) else ""
+                )
                 self.get_logger().warning(
-                    f"{line}: its messages never arrive (observation mode subscribes reliably; "
-                    "make the publisher reliable, set the read-only parameter "
+                    f"{line}: its messages never arrive (the subscription is reliable; make the "
+                    f"publisher reliable,{timer} or set the read-only parameter "
                     f"qos_overrides.{line.split(':', 1)[0]}.subscription.reliability to "
-                    "best_effort, or use trigger:=timer, which takes both)"
+                    "best_effort)"
                 )
         return lines
+
+    def _is_goal(self, line: str) -> bool:
+        return line.split(":", 1)[0] == self._subs[0].topic_name
 
     def _stale(self, why: str) -> None:
         """A step not taken for stale inputs; stale_s adds the time it stood for: a period of

@@ -37,6 +37,16 @@ def test_snapshot_reads_every_counter_and_reports_new_faults_once():
     assert sn["service_p50_us"] == 0.0  # an empty ring
 
 
+@pytest.mark.parametrize("hz", [100.0, 1000.0, 5000.0, 10000.0])
+def test_rate_reads_the_rate_up_to_the_highest_rate_hz(hz):
+    """rate_hz counted the ticks of the last 2 s in a ring of 8192: above 4096 Hz (rate_hz
+    takes up to 10000) it read 4096."""
+    st = LoopStats()
+    for k in reversed(range(int(3 * hz))):  # 3 s of ticks in time order, the last at t = 100
+        st.tick_times.add(100.0 - k / hz)
+    assert st.snapshot(now=100.0)["rate_hz"] == pytest.approx(hz, rel=1e-2)
+
+
 def test_the_lock_is_free_while_percentiles_are_computed(monkeypatch):
     """The control thread takes stats.lock after every tick: the snapshot must not hold it
     while it computes."""

@@ -541,3 +541,30 @@ def test_a_poisoned_session_forks_a_poisoned_scratch():
 def test_load_policy_errors_are_bad_requests(spec, kw):
     with pytest.raises(BadRequest):
         load_policy(spec, **kw)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        lambda: (np.zeros(12), np.ones(12, dtype=bool)),
+        lambda: [[True] * 12, np.zeros(12)],
+        lambda: [np.zeros(12), torch.ones(12, dtype=torch.bool)],
+    ],
+    ids=["bool-array-row", "bool-list-row", "bool-tensor-row"],
+)
+def test_a_bool_row_among_others_is_refused_and_nothing_steps(rows):
+    """A bool row alone was refused, but mixed with float rows it was made 1.0s together with
+    them, and the session stepped on it."""
+    eng = make_engine()
+    before = eng.state_bytes()
+    with pytest.raises(BadRequest, match="observation row"):
+        eng.rollout(rows())
+    with pytest.raises(BadRequest, match="not a number"):
+        eng.step([np.array(True)] + [0.0] * 11)
+    assert eng.state_bytes() == before and eng.session_step() == 0
+
+
+def test_a_flight_ring_too_big_to_allocate_is_a_capacity_error():
+    """torch's allocator error came through raw; now it says what to lower."""
+    with pytest.raises(CapacityError, match="lower flight_ticks"):
+        make_engine(flight_ticks=2**50)  # its byte count does not fit in int64: no memory used

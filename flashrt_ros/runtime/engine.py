@@ -637,10 +637,8 @@ class Engine:
                 f"observations: this policy takes dict observations with keys "
                 f"{[i.name for i in self.inputs]}; pass a list of dicts"
             )
-        if isinstance(observations, list | tuple) and all(
-            isinstance(r, list | tuple) for r in observations
-        ):  # rows of Python numbers: check each row's elements (bools, strings) too
-            for i, r in enumerate(observations):
+        if isinstance(observations, list | tuple):  # each row on its own (bools, strings):
+            for i, r in enumerate(observations):  # mixed rows would be made floats together
                 numeric(r, f"observation row {i}")
         rows = numeric(observations, "observations")
         if rows.ndim != 2 or rows.shape[1] != self.obs_dim or rows.shape[0] == 0:

@@ -25,6 +25,14 @@ _NOT_NUMBERS = (bool, np.bool_, str, bytes)
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _bool_array(v) -> bool:
+    """An array or tensor of bools inside a list (np.asarray would make 1.0 of True)."""
+    dtype = getattr(v, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype == torch.bool
+    return isinstance(dtype, np.dtype) and dtype.kind == "b"
+
+
 def numeric(x, what: str) -> np.ndarray:
     """x as a float64 array: numbers only (no strings, bools, objects, grad-tracking tensors)."""
     if type(x) is np.ndarray and x.dtype.kind == "f":  # the common case, kept cheap
@@ -37,7 +45,7 @@ def numeric(x, what: str) -> np.ndarray:
         except (TypeError, RuntimeError) as e:
             raise BadRequest(f"{what}: cannot read this tensor ({e})") from None
     elif isinstance(x, list | tuple):
-        bad = next((v for v in x if isinstance(v, _NOT_NUMBERS)), None)
+        bad = next((v for v in x if isinstance(v, _NOT_NUMBERS) or _bool_array(v)), None)
         if bad is not None:
             raise BadRequest(f"{what} holds {type(bad).__name__} {bad!r}, not a number")
     elif isinstance(x, str | bytes) or x is None:

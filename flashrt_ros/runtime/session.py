@@ -10,6 +10,7 @@ import torch
 
 from flashrt_ros.cuda import ring as ring_kernel
 from flashrt_ros.cuda.copy import copy_io
+from flashrt_ros.errors import CapacityError
 from flashrt_ros.policies.base import Policy, StateEntry
 from flashrt_ros.runtime import fusecheck
 from flashrt_ros.runtime.arena import Arena
@@ -154,7 +155,17 @@ class Session:
         self.table = table
         fused = (precompiled or fused_step()) if fuse else None
         self.fused_fn = fused  # what prepare_plans takes (the steps themselves are per kind)
-        self.flight = FlightRing(flight_ticks, self.arena.nbytes, device) if flight_ticks else None
+        self.flight = None
+        if flight_ticks:
+            try:
+                self.flight = FlightRing(flight_ticks, self.arena.nbytes, device)
+            except RuntimeError as e:  # out of (device) memory: a bound, not a fault
+                raise CapacityError(
+                    f"cannot allocate the flight recorder's ring for session {name!r}: "
+                    f"{flight_ticks} ticks x {self.arena.nbytes} B = "
+                    f"{flight_ticks * self.arena.nbytes / 2**20:.0f} MiB ({e}); lower "
+                    "flight_ticks (or max_sessions: every session has a ring)"
+                ) from None
         ring = self.flight.words if self.flight is not None else None
         # On CUDA the ring write is our own kernel (cuda/ring.py), launched in the step graph
         # beside the input uploads; elsewhere it is torch's scatter inside the step function.

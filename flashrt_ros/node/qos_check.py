@@ -72,6 +72,8 @@ def unmatched(node, subs) -> list[str]:
     "<topic>: <publisher node> offers ..., the subscription needs ..."."""
     lines = []
     for sub in subs:
+        if sub.qos_profile.reliability != QoSReliabilityPolicy.RELIABLE:
+            continue  # a best-effort subscription hears every publisher: no graph query
         topic = sub.topic_name
         for info in node.get_publishers_info_by_topic(topic):
             why = _why(sub.qos_profile, info.qos_profile)

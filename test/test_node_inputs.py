@@ -288,6 +288,21 @@ def test_qos_overrides_let_observation_mode_hear_a_best_effort_driver(ros):
     ros.node.destroy_publisher(pub)
 
 
+def test_a_bad_qos_override_fails_configure_saying_which(ros, tmp_path):
+    """rclpy raises on a QoS override it cannot read; the error ended configure without a word
+    (and left the engine held): the node now names the subscription and what it takes."""
+    from test.ros_helpers import launch_node
+
+    proc = launch_node(
+        {"trigger": "observation", "device": "cpu"},
+        ["-p", "qos_overrides./joint_states.subscription.reliability:=bogus"],
+        log_dir=tmp_path,
+    )
+    assert proc.proc.wait(60) == 2
+    log = proc.log_tail(50)
+    assert "configure failed: joint_states" in log and "bogus" in log, log
+
+
 def test_a_best_effort_goal_publisher_is_named_in_timer_mode_too(ros):
     """The goal is subscribed reliably in both modes; the check that names a publisher it can
     never hear ran only in observation mode, so in timer mode a best-effort goal publisher was

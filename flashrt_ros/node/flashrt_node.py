@@ -236,26 +236,32 @@ class FlashrtNode(LifecycleNode):
                 self.get_logger().error(f"configure failed: cameras: {type(e).__name__}: {e}")
                 self._release()  # the engine and publishers made so far
                 return TransitionCallbackReturn.FAILURE
-        self._subs = [
-            self.create_subscription(
-                Float64MultiArray,
-                "goal",
-                self._on_goal,
-                input_qos(10),
-                callback_group=self._polled,
-                qos_overriding_options=QOS_OVERRIDES,
-            ),
-            self.create_subscription(
-                JointState,
-                "joint_states",
-                self._on_joint_states,
-                # frame steps take the newest, yet keep the observation trigger's reliable QoS,
-                # so both observation modes match the same joint_states publishers
-                input_qos(qos_profile_sensor_data if timer else 10 if frames else 100),
-                callback_group=self._polled,
-                qos_overriding_options=QOS_OVERRIDES,
-            ),
-        ]
+        # frame steps take the newest joint_states, yet keep the observation trigger's reliable
+        # QoS, so both observation modes match the same joint_states publishers
+        js_qos = qos_profile_sensor_data if timer else 10 if frames else 100
+        try:  # a bad qos_overrides value raises here: say which, leave nothing
+            for msg_type, topic, callback, qos in (
+                (Float64MultiArray, "goal", self._on_goal, 10),
+                (JointState, "joint_states", self._on_joint_states, js_qos),
+            ):
+                self._subs.append(
+                    self.create_subscription(
+                        msg_type,
+                        topic,
+                        callback,
+                        input_qos(qos),
+                        callback_group=self._polled,
+                        qos_overriding_options=QOS_OVERRIDES,
+                    )
+                )
+        except Exception as e:
+            self.get_logger().error(
+                f"configure failed: {topic}: {type(e).__name__}: {e} (its qos_overrides.* "
+                "parameters take reliability reliable | best_effort, history keep_last | "
+                "keep_all, depth an integer)"
+            )
+            self._release()  # the engine, publishers, cameras and subscriptions made so far
+            return TransitionCallbackReturn.FAILURE
         warn_unused_qos_overrides(self)
         self._js_sub = self._subs[1]
         # timer mode: the control thread takes joint_states and the images itself

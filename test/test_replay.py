@@ -134,12 +134,28 @@ def test_a_sample_beyond_obs_limit_is_left_out_like_the_node_does(fresh, tmp_pat
     events = bags.read_inputs(FIX / "arm_sqlite3")
     states = [e for e in events if e.kind == "joint_states"]
     states[49].position[0] = 5000.0
+    goals = [e for e in events if e.kind == "goal"]
+    goals[-1].data[0] = 5000.0  # a goal the node refuses too: no echo to wait for
     bags.write_inputs(tmp_path / "glitch", events, storage="sqlite3")
     assert replay([str(tmp_path / "glitch"), str(tmp_path / "node")]) == 0
-    assert "299 commands" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "299 commands" in out and "2 samples skipped" in out, out
     offline = [str(tmp_path / "glitch"), str(tmp_path / "offline"), "--offline"]
     assert replay([*offline, "--device", fresh.latest_diag()["device"]]) == 0
     assert bagdiff([str(tmp_path / "node"), str(tmp_path / "offline")]) == 0
+
+
+def test_a_replay_refused_for_its_arguments_leaves_the_node_as_it_was(fresh, tmp_path):
+    """The replay resets the node's live session before it plays: a replay refused for its
+    options or its cameras did that first, and then refused, the node's state lost."""
+    assert replay([str(FIX / "arm_sqlite3"), str(tmp_path / "first"), "--no-reset"]) == 0
+    before = fresh.call("checkpoint")
+    assert before.success and before.capsule.step == 300, before.message
+    with pytest.raises(SystemExit) as e:
+        replay([str(FIX / "arm_sqlite3"), str(tmp_path / "refused"), "--checkpoint-at", "5"])
+    assert e.value.code == 2
+    after = fresh.call("checkpoint")
+    assert after.success and after.capsule.step == 300, after.message  # not reset
 
 
 def test_replay_errors_are_clear(tmp_path, capsys):

@@ -181,7 +181,10 @@ class NodeDriver:
         return self.commands[n]
 
     def refused(self, event: InputEvent) -> None:
-        self._publish_js(event)  # the node refuses and counts it; no command comes
+        """A sample the node would refuse: a joint_states is sent (the node refuses and counts
+        it; no command comes), a goal is not (no echo would come to wait for)."""
+        if event.kind == "joint_states":
+            self._publish_js(event)
 
     def checkpoint(self) -> str:
         r = self._call(self.cp, Checkpoint.Request())

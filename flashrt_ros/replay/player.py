@@ -59,10 +59,9 @@ def play(
     goal_dim: int | None = None,
 ) -> ReplayResult:
     """Run the schedule; `rate` > 0 paces sends at that multiple of bag time (still lockstep)."""
-    if (checkpoint_at is None) != (restore_at is None):
-        raise ValueError("--checkpoint-at and --restore-at go together")
-    if checkpoint_at is not None and not 0 <= checkpoint_at < restore_at:
-        raise ValueError("need 0 <= checkpoint-at < restore-at")
+    why = checkpoint_problem(checkpoint_at, restore_at)
+    if why:
+        raise ValueError(why)
     res = ReplayResult()
     cp_ref, cp_index, shift = None, 0, 0
     held: dict[str, int] = {}  # camera -> index of its newest image the driver took
@@ -89,10 +88,9 @@ def play(
             if wait > 0:
                 time.sleep(wait)
         if ev.kind == "goal":
-            if (goal_dim is not None and len(ev.data) != goal_dim) or not np.isfinite(
-                ev.data
-            ).all():
-                res.skipped.append((i, f"goal of {len(ev.data)} values or with NaN/Inf"))
+            why = _bad_goal(ev.data, goal_dim, mapper.limit)
+            if why:  # what the node refuses (no echo comes): left out, as the node did
+                res.skipped.append((i, why))
                 driver.refused(ev)
             else:
                 driver.goal(ev.data)
@@ -125,6 +123,26 @@ def play(
             f"observations, and a restore after {restore_at} commands needs more than that"
         )
     return res
+
+
+def checkpoint_problem(checkpoint_at: int | None, restore_at: int | None) -> str:
+    """What is wrong with --checkpoint-at / --restore-at ("" when nothing)."""
+    if (checkpoint_at is None) != (restore_at is None):
+        return "--checkpoint-at and --restore-at go together"
+    if checkpoint_at is not None and not 0 <= checkpoint_at < restore_at:
+        return "need 0 <= checkpoint-at < restore-at"
+    return ""
+
+
+def _bad_goal(data: np.ndarray, goal_dim: int | None, limit: float) -> str:
+    """Why the node would refuse this goal ("" when it takes it)."""
+    if goal_dim is not None and len(data) != goal_dim:
+        return f"goal of {len(data)} values, the node takes {goal_dim}"
+    if not np.isfinite(data).all():
+        return "goal with NaN/Inf"
+    if len(data) and float(np.abs(data).max()) > limit:
+        return f"goal beyond |x| <= {limit:g} (obs_limit)"
+    return ""
 
 
 STAMP_SLACK_NS = 1000  # a capsule header keeps its stamp as float seconds: ~0.2 us of rounding

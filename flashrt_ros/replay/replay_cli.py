@@ -10,7 +10,7 @@ import sys
 
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.replay import bags
-from flashrt_ros.replay.player import EngineDriver, events_after, play
+from flashrt_ros.replay.player import EngineDriver, checkpoint_problem, events_after, play
 
 EPILOG = """
 The node must run with trigger:=observation (one step per joint_states message):
@@ -142,6 +142,9 @@ def parse(argv):
         )
     if a.no_reset and a.offline:
         ap.error("--no-reset is for a node: an --offline replay starts from a new Engine")
+    why = checkpoint_problem(a.checkpoint_at, a.restore_at)
+    if why:
+        ap.error(why)
     if a.from_capsule and a.checkpoint_at is not None:
         ap.error("--from-capsule does not combine with --checkpoint-at/--restore-at")
     return a
@@ -273,9 +276,9 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
     driver = NodeDriver(a.node, a.timeout)
     try:
         mapper = JointMapper(*driver.connect())
-        if not a.no_reset:
-            print(f"{a.node}: {driver.reset()}")
         _same_cameras(bag_cams or [], driver.cameras, "the node")
+        if not a.no_reset:  # the last thing before playing: a refused replay changes nothing
+            print(f"{a.node}: {driver.reset()}")
         return play(
             events,
             mapper,

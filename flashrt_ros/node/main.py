@@ -208,9 +208,11 @@ def _main(args: Sequence[str] | None) -> int:
         gc.unfreeze()
         gc.collect()
         rclpy.get_default_context().destroy()
-        # Python resets its handlers to the default (die by SIGINT) while it finalizes, which
-        # takes a while with DDS and torch threads about; an ignored signal stays ignored.
+        # Python resets its handlers to the default (die by SIGINT or SIGTERM) while it
+        # finalizes, which takes a while with DDS and torch threads about; an ignored signal
+        # stays ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0
 
 

@@ -692,23 +692,18 @@ def test_a_wake_up_seen_as_a_tick_is_due_still_resumes_the_parked_handler(ros, o
     host.destroy()
 
 
-def test_a_persisted_checkpoint_writes_its_file_without_the_engine_lock(ros, owner, tmp_path):
-    """The file of a persisted checkpoint (two fsyncs: milliseconds, tens on an SD card) was
-    written by the thread that serves, holding the engine lock: the control loop, which serves
-    between its ticks, lost ticks for it. Now only the checks and a host copy take the lock; the
-    file is written on a thread of its own while the engine steps and other requests are
-    answered, and the reply comes once the file and the capsule are both there.
-    (The write is held back here by an event, so the test needs no slow disk.)"""
+def _held_back_persists(owner, folder):
+    """In-process capsule services over a CPU engine on `folder` whose persisted checkpoints'
+    file writes wait for an event (`release`) after saying so (`writing`)."""
     from flashrt_ros.node.host import ServiceHost
     from flashrt_ros.node.params import NODE_PARAMS
     from flashrt_ros.node.services import CapsuleServices, Control
     from flashrt_ros.node.stats import LoopStats
-    from flashrt_ros.srv import Checkpoint, ListCapsules
-    from test.engine_util import make_engine, observations
+    from test.engine_util import make_engine
 
-    cfg = NODE_PARAMS.config({"capsule_dir": str(tmp_path)})
+    cfg = NODE_PARAMS.config({"capsule_dir": str(folder)})
     ctl = Control(LoopStats(), owner.get_logger(), lambda: cfg)
-    eng = ctl.engine = make_engine(capsule_dir=tmp_path)
+    eng = ctl.engine = make_engine(capsule_dir=folder)
     host = ServiceHost(owner)
     services = CapsuleServices(ctl, host, host.group)
     writing, release = threading.Event(), threading.Event()
@@ -721,6 +716,21 @@ def test_a_persisted_checkpoint_writes_its_file_without_the_engine_lock(ros, own
 
     eng.write_persist = held_back
     host.start()
+    return ctl, host, services, writing, release
+
+
+def test_a_persisted_checkpoint_writes_its_file_without_the_engine_lock(ros, owner, tmp_path):
+    """The file of a persisted checkpoint (two fsyncs: milliseconds, tens on an SD card) was
+    written by the thread that serves, holding the engine lock: the control loop, which serves
+    between its ticks, lost ticks for it. Now only the checks and a host copy take the lock; the
+    file is written on a thread of its own while the engine steps and other requests are
+    answered, and the reply comes once the file and the capsule are both there.
+    (The write is held back here by an event, so the test needs no slow disk.)"""
+    from flashrt_ros.srv import Checkpoint, ListCapsules
+    from test.engine_util import make_engine, observations
+
+    ctl, host, services, writing, release = _held_back_persists(owner, tmp_path)
+    eng = ctl.engine
     try:
         ck = ros.client(Checkpoint, "/flashrt/checkpoint")
         ls = ros.client(ListCapsules, "/flashrt/list_capsules")
@@ -746,6 +756,32 @@ def test_a_persisted_checkpoint_writes_its_file_without_the_engine_lock(ros, own
         fresh = make_engine(capsule_dir=tmp_path)
         assert fresh.restore("kept").step == 1
         assert fresh.step(obs[1]).tolist() == second.tolist()
+    finally:
+        release.set()
+        host.stop()
+        services.close()
+        host.destroy()
+
+
+def test_a_persist_whose_node_is_reconfigured_meanwhile_keeps_its_file(ros, owner, tmp_path):
+    """A cleanup and configure while the file is written: the new engine may have reloaded
+    the file already, so it stays (it was removed, under the new engine's capsule); the
+    reply says so."""
+    from flashrt_ros.srv import Checkpoint
+    from test.engine_util import make_engine
+
+    ctl, host, services, writing, release = _held_back_persists(owner, tmp_path)
+    try:
+        ck = ros.client(Checkpoint, "/flashrt/checkpoint")
+        saved = _call_async(ros, ck, Checkpoint.Request(name="kept", persist=True))
+        assert writing.wait(10.0)
+        with ctl.lock:
+            ctl.engine = make_engine(capsule_dir=tmp_path)  # what cleanup + configure do
+        release.set()
+        assert ros.spin_until(saved.done, 10.0)
+        r = saved.result()
+        assert not r.success and "cleaned up" in r.message and "stays" in r.message, r.message
+        assert (tmp_path / "kept.fcap").is_file()
     finally:
         release.set()
         host.stop()

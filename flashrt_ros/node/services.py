@@ -245,7 +245,8 @@ class CapsuleServices:
 
     async def _persisted(self, req):
         """begin_persist under the lock, the file on the disk thread, end_persist under the
-        lock; whatever refuses on the way leaves nothing behind (the file included)."""
+        lock; whatever refuses on the way leaves nothing behind (the file included), but for
+        a node cleaned up meanwhile: a new configure may have reloaded the file already."""
         with self._locked():
             eng = self.ctl.configured()
             session = self.ctl.user_session(eng, req.session)
@@ -255,13 +256,17 @@ class CapsuleServices:
         try:
             await done  # the write's own error (an existing file, a full disk) is raised here
             with self._locked():
-                if self.ctl.engine is not eng:
-                    raise BadRequest("the node was cleaned up while the file was written")
-                return eng.end_persist(pending), session
+                if self.ctl.engine is eng:
+                    return eng.end_persist(pending), session
+                eng.end_persist(pending, written=False)  # that engine is gone: no pool to fill
         except BaseException:  # GeneratorExit too: the node is shutting down
             with self._locked():
                 eng.abandon_persist(pending)
             raise
+        raise BadRequest(
+            f"the node was cleaned up while {pending.path} was written: the file stays in "
+            "capsule_dir (a configure after it reloads it)"
+        )
 
     def _write_forever(self) -> None:
         name_os_thread()

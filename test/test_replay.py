@@ -294,3 +294,8 @@ def test_from_capsule_finds_the_joint_states_with_the_capsules_stamp_or_refuses(
     unstamped = [_js(0.0, 100 + i) for i in range(4)]
     rest, before = events_after(unstamped, 101.5)
     assert before == 2 and rest == unstamped[2:]
+    mixed = [_js(10.0, 100), _js(0.0, 101), _js(10.02, 102), _js(0.0, 103), _js(10.04, 104)]
+    rest, before = events_after(mixed, 103.2)  # a tick of an unstamped message: receive time
+    assert before == 4 and rest == mixed[4:]
+    rest, before = events_after(mixed, 10.02)
+    assert before == 3 and rest == mixed[3:]

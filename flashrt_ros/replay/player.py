@@ -156,42 +156,39 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
     camera images before it are not (the capsule holds no image), so they lead the events: the
     first step after the capsule sees the newest valid image of every camera, as the node did.
 
-    A bag whose joint_states carry header stamps must hold exactly one with the capsule's
-    stamp: two or more make the point ambiguous and none means another run, both refused
-    (taking the last one before the stamp started a replay one message off where stamps repeat,
-    and far off where they go back). Unstamped joint_states were stamped by the node's receive
-    time, which no bag holds: the point is the last one recorded at or before it."""
+    A joint_states whose header stamp is the capsule's is the point; two or more make it
+    ambiguous, refused (taking the last one before the stamp started a replay one message off
+    where stamps repeat, and far off where they go back). With none, the capsule's tick had an
+    unstamped message, which the node stamped by its receive time, which no bag holds: the
+    point is the last unstamped one recorded at or before it (none at all: another run)."""
     if stamp <= 0:
         return list(events), 0
     target = round(stamp * 1e9)
     states = [(i, e) for i, e in enumerate(events) if e.kind == "joint_states"]
-    stamped = [(i, e) for i, e in states if e.header_ns > 0]
-    if stamped:
-        hits = [i for i, e in stamped if abs(e.header_ns - target) <= STAMP_SLACK_NS]
-        if len(hits) > 1:
-            n = [j for j, _ in states]
-            raise ValueError(
-                f"{len(hits)} joint_states of the bag (numbers "
-                f"{', '.join(str(n.index(i) + 1) for i in hits[:5])}) carry the capsule's stamp "
-                f"{stamp:.9f} s: which one the capsule consumed is ambiguous (repeated header "
-                "stamps); replay the whole bag, without --from-capsule"
-            )
-        if not hits:
-            raise ValueError(
-                f"no joint_states of the bag carries the capsule's stamp {stamp:.9f} s: it "
-                "does not hold the run the capsule comes from"
-            )
+    hits = [i for i, e in states if e.header_ns > 0 and abs(e.header_ns - target) <= STAMP_SLACK_NS]
+    if len(hits) > 1:
+        n = [j for j, _ in states]
+        raise ValueError(
+            f"{len(hits)} joint_states of the bag (numbers "
+            f"{', '.join(str(n.index(i) + 1) for i in hits[:5])}) carry the capsule's stamp "
+            f"{stamp:.9f} s: which one the capsule consumed is ambiguous (repeated header "
+            "stamps); replay the whole bag, without --from-capsule"
+        )
+    unstamped = [(i, e) for i, e in states if e.header_ns <= 0]
+    if hits:
         last = hits[0]
-    else:
-        last = -1
-        for i, e in states:
-            if e.stamp_ns <= target + STAMP_SLACK_NS:
-                last = i
+    elif unstamped:  # a tick of an unstamped message: its receive time, the nearest record
+        last = max((i for i, e in unstamped if e.stamp_ns <= target + STAMP_SLACK_NS), default=-1)
         if last < 0:
             raise ValueError(
                 f"the bag has no joint_states at or before the capsule's stamp {stamp:.9f} s: "
                 "it does not hold the run the capsule comes from"
             )
+    else:
+        raise ValueError(
+            f"no joint_states of the bag carries the capsule's stamp {stamp:.9f} s: it "
+            "does not hold the run the capsule comes from"
+        )
     rest = events[last + 1 :]
     if not any(e.kind == "joint_states" for e in rest):
         raise ValueError(

@@ -142,9 +142,6 @@ def parse(argv):
         )
     if a.no_reset and a.offline:
         ap.error("--no-reset is for a node: an --offline replay starts from a new Engine")
-    why = checkpoint_problem(a.checkpoint_at, a.restore_at)
-    if why:
-        ap.error(why)
     if a.from_capsule and a.checkpoint_at is not None:
         ap.error("--from-capsule does not combine with --checkpoint-at/--restore-at")
     return a
@@ -153,6 +150,9 @@ def parse(argv):
 def main(argv: list[str] | None = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
+        why = checkpoint_problem(a.checkpoint_at, a.restore_at)
+        if why:  # before anything, the node's reset included
+            raise ValueError(why)
         storage = a.storage or bags.detect_storage(a.in_bag)
         prefix = a.camera_prefix
         if prefix is None:

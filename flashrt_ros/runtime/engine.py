@@ -153,6 +153,18 @@ def _ref(x, what: str) -> str:
     return x
 
 
+def _capsule_meta(s: Session, name: str, pin: bool, checksum: str) -> dict:
+    """What a capsule of the session's current state records besides its id and stamp."""
+    return dict(
+        name=name,
+        session=s.name,
+        parent_id=s.parent_id,
+        step=s.steps,
+        pinned=pin,
+        checksum=checksum,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class PendingPersist:
     """A persisted checkpoint begun (Engine.begin_persist): its info, file, state and digest."""
@@ -791,27 +803,11 @@ class Engine:
         every capsule in the pool is finite by construction (files are checked on load), so a
         restore can never bring a non-finite state back unless the stored bytes changed, which
         verify catches."""
-        s = self.session(session)
-        if name is not None and not isinstance(name, str):
-            raise BadName(f"capsule name must be a string or None, got {name!r}")
-        pin, persist = _bool(pin, "pin"), _bool(persist, "persist")
-        why = self._poison.get(s.name)
-        if why:
-            raise BadRequest(
-                f"session {s.name!r} is poisoned ({why}): its state is not "
-                "worth keeping; restore, branch into or reset it first"
-            )
-        name = name or ""
+        s, name, pin = self._to_freeze(session, name, pin)
+        persist = _bool(persist, "persist")
 
         def meta(checksum: str) -> dict:
-            return dict(
-                name=name,
-                session=s.name,
-                parent_id=s.parent_id,
-                step=s.steps,
-                pinned=pin,
-                checksum=checksum,
-            )
+            return _capsule_meta(s, name, pin, checksum)
 
         if not persist and self._probe_of(s).fused:
             slot = self.pool.free_slot()
@@ -838,17 +834,7 @@ class Engine:
         fsyncs) needs no engine lock: here (lock held) every check that can refuse, the id and
         name reserved, the state's host copy and digest; write_persist() (no lock) the file;
         end_persist() (lock held) the pool. checkpoint(persist=True) runs the three in a row."""
-        s = self.session(session)
-        if name is not None and not isinstance(name, str):
-            raise BadName(f"capsule name must be a string or None, got {name!r}")
-        pin = _bool(pin, "pin")
-        why = self._poison.get(s.name)
-        if why:
-            raise BadRequest(
-                f"session {s.name!r} is poisoned ({why}): its state is not "
-                "worth keeping; restore, branch into or reset it first"
-            )
-        name = name or ""
+        s, name, pin = self._to_freeze(session, name, pin)
         self.store.require_folder()
         self._check_new_name(name)
         self.pool.require_room()
@@ -859,17 +845,27 @@ class Engine:
             nbytes=self.state_nbytes,
             tier="disk",
             stamp=stamp,
-            name=name,
-            session=s.name,
-            parent_id=s.parent_id,
-            step=s.steps,
-            pinned=pin,
-            checksum=checksum,
+            **_capsule_meta(s, name, pin, checksum),
         )
         path = self.store.free_path(info)  # BadName when the file exists
         state = s.arena.buf.detach().to("cpu", copy=True)  # the state now: the session moves on
         self._persisting[cid] = name
         return PendingPersist(info, path, state, probe.digest.clone())
+
+    def _to_freeze(self, session: str, name: str | None, pin: bool) -> tuple[Session, str, bool]:
+        """The session a checkpoint freezes, its capsule's name ("" for none) and pin, checked;
+        a poisoned session is refused."""
+        s = self.session(session)
+        if name is not None and not isinstance(name, str):
+            raise BadName(f"capsule name must be a string or None, got {name!r}")
+        pin = _bool(pin, "pin")
+        why = self._poison.get(s.name)
+        if why:
+            raise BadRequest(
+                f"session {s.name!r} is poisoned ({why}): its state is not "
+                "worth keeping; restore, branch into or reset it first"
+            )
+        return s, name or "", pin
 
     def _check_new_name(self, name: str) -> None:
         self.pool.check_new(name)

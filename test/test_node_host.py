@@ -558,12 +558,21 @@ def test_a_queue_of_requests_is_left_for_the_next_wait_when_stop_says_so(ros, ow
     """The thread that serves takes the queued requests one at a time and asks its `stop()`
     before each next one: what is left stays queued, and the service is ready again at the
     next wait (the control thread leaves a burst for the gaps of later ticks)."""
-    from flashrt_ros.srv import Checkpoint
+    from flashrt_ros.srv import Checkpoint, ListCapsules
 
     host, served = _checkpoint_host(owner)
+    by: list[str] = []
+
+    def list_capsules(req, resp):
+        by.append(threading.current_thread().name)
+        return resp
+
+    host.create_service(ListCapsules, "~/list_capsules", list_capsules)
     host.start()
     cli = ros.client(Checkpoint, "/flashrt/checkpoint")
+    ls = ros.client(ListCapsules, "/flashrt/list_capsules")
     ros.call(cli, Checkpoint.Request(name="warm"))  # discovered both ways before the burst
+    assert ls.wait_for_service(timeout_sec=10.0)
     with host.lent() as serve:  # the host's thread stops: the test's thread serves
         futures = [cli.call_async(Checkpoint.Request(name=f"c{i}")) for i in range(3)]
         ros.spin_for(0.5)  # all three queued at the server
@@ -573,7 +582,15 @@ def test_a_queue_of_requests_is_left_for_the_next_wait_when_stop_says_so(ros, ow
         assert served == ["warm", "c0", "c1"]
         serve(2.0)
         assert served == ["warm", "c0", "c1", "c2"]
-    assert ros.spin_until(lambda: all(f.done() for f in futures), 10.0)
+        # requests of two services: the second service's wait too once stop() says so
+        listed = ls.call_async(ListCapsules.Request())
+        futures.append(cli.call_async(Checkpoint.Request(name="c3")))
+        ros.spin_for(0.5)
+        serve(2.0, lambda: len(served) + len(by) >= 5)
+        assert len(served) + len(by) == 5 and not (listed.done() and futures[-1].done())
+        serve(2.0)
+        assert served[-1] == "c3" and len(by) == 1
+    assert ros.spin_until(lambda: all(f.done() for f in futures) and listed.done(), 10.0)
     assert all(f.result().success for f in futures)
     host.destroy()
 

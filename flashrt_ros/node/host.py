@@ -253,9 +253,13 @@ class ServiceHost(WaitLoop):
                 self._run(coro, srv, header)
         ready = ws.get_ready_entities("service")
         if ready:
+            served = False
             for srv in self._services:
                 if srv.handle.pointer in ready:
+                    if served and stop is not None and stop():
+                        return  # the other services' requests wait for the next wait too
                     self._serve_one(srv, stop)
+                    served = True
 
     def _serve_one(self, srv, stop: Callable[[], bool] | None = None) -> None:
         """The requests queued for `srv`, each answered (or parked) in turn, until `stop()`

@@ -249,8 +249,7 @@ class FlightServices:
     def _follow(self, eng) -> None:
         """A new configure: the stamps, moves and steps seen of the old engine mean nothing."""
         if eng is not self._engine:
-            self._engine, self._rings, self._moves, self._last = eng, {}, {}, {}
-            self._goals = {}
+            self._engine, self._rings, self._moves, self._last, self._goals = eng, {}, {}, {}, {}
 
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a

@@ -151,8 +151,8 @@ class CapsuleServices:
         )
         self._worker.start()
         # Files of persisted checkpoints are written on a thread of their own, without the
-        # engine lock (Engine.begin_persist / write_persist / end_persist): their fsyncs take
-        # milliseconds (tens on an SD card), which the control loop must not wait for.
+        # engine lock (Engine.begin_persist / write_persist / end_persist): their fsyncs wait
+        # for the storage, which the control loop must not wait for.
         self._disk_jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._disk = threading.Thread(target=self._write_forever, name="flashrt-disk", daemon=True)
         self._disk.start()
@@ -258,7 +258,7 @@ class CapsuleServices:
             with self._locked():
                 if self.ctl.engine is eng:
                     return eng.end_persist(pending), session
-                eng.end_persist(pending, written=False)  # that engine is gone: no pool to fill
+            # that engine is gone (cleaned up): no pool to fill, its reservations die with it
         except BaseException:  # GeneratorExit too: the node is shutting down
             with self._locked():
                 eng.abandon_persist(pending)

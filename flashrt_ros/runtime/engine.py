@@ -315,9 +315,9 @@ class Engine:
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
         )
+        self._persisting: dict[str, str] = {}  # id -> name of each begun, unfinished persist
         # no new capsule takes the id of a file, or of a persist whose file is being written
         self.pool.id_taken = lambda cid: self.store.id_known(cid) or cid in self._persisting
-        self._persisting: dict[str, str] = {}  # id -> name of each begun, unfinished persist
         t = time.perf_counter()
         self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
@@ -820,7 +820,7 @@ class Engine:
             try:
                 self.write_persist(pending)
             except BaseException:
-                self.end_persist(pending, written=False)
+                self.abandon_persist(pending)
                 raise
             return self.end_persist(pending)
         self._check_new_name(name)
@@ -839,7 +839,7 @@ class Engine:
         self._check_new_name(name)
         self.pool.require_room()
         probe, checksum = self._probe_finite(s)
-        cid, stamp = self.peek_persist_id(), time.time()
+        cid, stamp = self._fresh_id(), time.time()
         info = CapsuleInfo(
             id=cid,
             nbytes=self.state_nbytes,
@@ -872,21 +872,15 @@ class Engine:
         if name and name in self._persisting.values():
             raise BadName(f"capsule name {name!r} is taken by a checkpoint being written")
 
-    def peek_persist_id(self) -> str:
-        return self.pool.peek_id(lambda cid: self.store.id_taken(cid) or cid in self._persisting)
-
     def write_persist(self, p: PendingPersist) -> None:
         """The file of a begun persist (no engine lock needed: it reads only `p`); BadName or
         BadRequest when it cannot be written (it exists now, disk full, permissions)."""
         self.store.write(p.path, p.info, p.state)
 
-    def end_persist(self, p: PendingPersist, written: bool = True) -> CapsuleInfo | None:
+    def end_persist(self, p: PendingPersist) -> CapsuleInfo:
         """The pool takes a written persist's capsule (the state as begin_persist copied it);
-        on any refusal its file is removed again. written=False only releases what
-        begin_persist reserved."""
+        on any refusal its file is removed again."""
         try:
-            if not written:
-                return None
             self.store.own(p.info, p.path)
             try:
                 cap = self.pool.put(
@@ -911,8 +905,8 @@ class Engine:
             self._persisting.pop(p.info.id, None)
 
     def abandon_persist(self, p: PendingPersist) -> None:
-        """Undo a persist whose file may be written, before end_persist: the file goes (when
-        it is the one written for it), the reservation too."""
+        """Undo a persist before end_persist, its file written or not: the file goes (when it
+        is the one written for it), the reservation too."""
         with contextlib.suppress(Exception):  # not written, or not ours: left as it is
             header = diskfmt.read_capsule_header(p.path)
             if header.get("id") == p.info.id and header.get("stamp") == p.info.stamp:
@@ -1058,7 +1052,7 @@ class Engine:
     def _fresh_id(self) -> str:
         """The next id free in the pool, in capsule_dir and among the persists being written.
         Not used up here: the caller claims it once the pool took the capsule."""
-        return self.peek_persist_id()
+        return self.pool.peek_id(lambda cid: self.store.id_taken(cid) or cid in self._persisting)
 
     def _file_id(self, cid: object, path: Path) -> str:
         """The id a loaded file keeps: its own when it is one we could have issued, no live

@@ -190,3 +190,28 @@ def make_impure() -> Impure:
 
 def make_stats(wrist_c: int = 3) -> ImageStats:
     return ImageStats(wrist_c)
+
+
+class JointsOnly(nn.Module):
+    """A LeRobot-shaped policy on joint positions alone (observation.state of 6, no camera, as
+    most LeRobot arm policies are): a chunk of 4 from tanh(state @ w), 2 rows executed per
+    inference, no noise. The node serves it with `state_fields: [position]`."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = Config(
+            input_features={"observation.state": PolicyFeature(FeatureType.STATE, (6,))},
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (6,))},
+            chunk_size=4,
+            n_action_steps=2,
+            n_obs_steps=1,
+        )
+        g = torch.Generator().manual_seed(5)
+        self.w = nn.Parameter(torch.randn(6, 4 * 6, generator=g) * 0.5)
+
+    def predict_action_chunk(self, batch: dict) -> torch.Tensor:
+        return torch.tanh(batch["observation.state"] @ self.w).view(-1, 4, 6)
+
+
+def make_joints() -> JointsOnly:
+    return JointsOnly()

@@ -63,6 +63,7 @@ def test_inputs_round_trip(tmp_path, storage):
         InputEvent("goal", 105, data=np.array([1.0, -1.0, 0.5])),
         _js(200, [np.nan, 0.0, np.inf], names=["b", "a", "c"]),
         _js(300, [0.5], names=["x", "y"], vel=[]),  # short arrays survive as written
+        InputEvent("joint_states", 400, ["a"], np.ones(1), effort=np.full(1, 2.5), header_ns=400),
     ]
     path = tmp_path / "in"
     write_inputs(path, events, storage)
@@ -71,6 +72,7 @@ def test_inputs_round_trip(tmp_path, storage):
     assert back == events
     assert back[2].names == ["b", "a", "c"] and np.isnan(back[2].position[0])
     assert back[3].velocity.shape == (0,)
+    assert back[4].effort.tolist() == [2.5]  # state_fields may take efforts
     assert list_topics(path) == {
         "/joint_states": "sensor_msgs/msg/JointState",
         "/goal": "std_msgs/msg/Float64MultiArray",

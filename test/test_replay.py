@@ -156,6 +156,12 @@ def test_a_replay_refused_for_its_arguments_leaves_the_node_as_it_was(fresh, tmp
     )
     after = fresh.call("checkpoint")
     assert after.success and after.capsule.step == 300, after.message  # not reset
+    # a restore beyond the bag's end is found before anything is sent, not after playing
+    # (before: 300 more steps, then the error)
+    beyond = ["--checkpoint-at", "5", "--restore-at", "300", "--no-reset"]
+    assert replay([str(FIX / "arm_sqlite3"), str(tmp_path / "beyond")] + beyond) == 2
+    again = fresh.call("checkpoint")
+    assert again.success and again.capsule.step == 300, again.message  # not stepped
 
 
 def test_replay_errors_are_clear(tmp_path, capsys):
@@ -181,7 +187,23 @@ def test_replay_errors_are_clear(tmp_path, capsys):
                 "900",
                 "--offline",
             ],
-            "only 300",
+            "has 300 valid observations",
+        ),
+        # nothing the node would step on: an empty command bag would diff equal to another one
+        (
+            [
+                str(FIX / "arm_sqlite3"),
+                str(tmp_path / "o7"),
+                "--offline",
+                "--joints",
+                "a,b,c,d,e,f",
+            ],
+            "none of the bag's 300 joint_states makes an observation",
+        ),
+        (
+            [str(FIX / "arm_sqlite3"), str(tmp_path / "o8"), "--offline"]
+            + ["--state-fields", "position"],
+            "state_fields ['position', 'velocity'] would fit",
         ),
         # an OUT_BAG that cannot be written is found before the replay runs, not after it
         ([str(FIX / "arm_sqlite3"), str(FIX / "fixtures.json" / "o6"), "--offline"], "folder"),

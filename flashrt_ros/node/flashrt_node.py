@@ -63,7 +63,7 @@ from flashrt_ros.node.qos_check import (
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
-from flashrt_ros.obs.joints import JointMapper
+from flashrt_ros.obs.joints import JointMapper, fields_hint
 from flashrt_ros.policies.base import IMAGE_PREFIX
 from flashrt_ros.policies.loader import load_policy
 from flashrt_ros.runtime.engine import Engine
@@ -164,11 +164,13 @@ class FlashrtNode(LifecycleNode):
             cfg = params.read(self)
             t_load = time.monotonic()
             policy = load_policy(cfg.policy, weights=cfg.weights or None)
-            mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit)
-            if policy.action_dim != mapper.n or policy.obs_dim != 2 * mapper.n:
+            mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit, fields=cfg.state_fields)
+            if policy.action_dim != mapper.n or policy.obs_dim != mapper.dim:
                 raise ValueError(
                     f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
-                    f"{policy.action_dim} actions; joint_names has {mapper.n} joints"
+                    f"{policy.action_dim} actions; joint_names has {mapper.n} joints and "
+                    f"state_fields {list(mapper.fields)} make {mapper.dim} observations"
+                    + fields_hint(policy.obs_dim, mapper.n)
                 )
             cameras = parse_cameras(cfg.cameras)
             state_key = self._check_inputs(policy, cameras)
@@ -560,7 +562,7 @@ class FlashrtNode(LifecycleNode):
         if self.mapper is None:
             return
         try:
-            obs = self.mapper.observation(msg.name, msg.position, msg.velocity)
+            obs = self.mapper.observation(msg.name, msg.position, msg.velocity, msg.effort)
         except ValueError as e:
             self._refuse(str(e))
             return

@@ -26,6 +26,7 @@ from typing import Any
 
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.obs.images import CAMERA_RE
+from flashrt_ros.obs.joints import DEFAULT_FIELDS, FIELDS
 
 DEFAULT_JOINTS = [f"joint{i}" for i in range(1, 7)]
 
@@ -668,6 +669,18 @@ NODE_PARAMS = ParamTable(
             DEFAULT_JOINTS,
             "string_array",
             "joints of the observation and the command, in order",
+            unique=True,
+            min_items=1,
+        ),
+        Param(
+            "state_fields",
+            DEFAULT_FIELDS,
+            "string_array",
+            "the joint_states arrays that make the observation, each for every joint of "
+            "joint_names in order: [position, velocity] (builtin:hybrid), [position] (most "
+            "LeRobot policies); the policy's state size must be their number x the joints",
+            pattern="|".join(FIELDS),
+            pattern_text=" or ".join(FIELDS),
             unique=True,
             min_items=1,
         ),

@@ -9,31 +9,69 @@ import numpy as np
 
 from flashrt_ros.errors import BadRequest
 
+# the arrays of sensor_msgs/JointState an observation can be made of, in the message's order
+FIELDS = ("position", "velocity", "effort")
+DEFAULT_FIELDS = ("position", "velocity")
+
+
+def check_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    """`fields` as a tuple, or ValueError: a non-empty list of FIELDS, each at most once."""
+    f = tuple(fields)
+    bad = [x for x in f if x not in FIELDS]
+    if not f or bad or len(set(f)) != len(f):
+        raise ValueError(
+            f"state fields must be a non-empty list of {', '.join(FIELDS)}, each at most once; "
+            f"got {list(f)}"
+        )
+    return f
+
+
+def fields_hint(state_dim: int, n_joints: int) -> str:
+    """The state fields whose size would be `state_dim` for `n_joints` joints, in words, for
+    an error that says how to fix a mismatch ("" when no choice of ours fits)."""
+    k, rest = divmod(state_dim, n_joints)
+    if rest or not 1 <= k <= len(FIELDS):
+        return ""
+    fit = FIELDS[:k]
+    return f" ({state_dim} = {k} x {n_joints} joints: state_fields {list(fit)} would fit)"
+
 
 class JointMapper:
-    """obs = positions then velocities of `joint_names`, looked up by name in each message.
+    """obs = the `fields` arrays (default positions, then velocities) of `joint_names`, each
+    looked up by name in every message; arrays not among `fields` are neither needed nor read,
+    so a driver that publishes positions alone serves a positions-only policy.
 
     `limit` bounds every |value| (the node passes obs_limit): a huge but finite value is refused
     when the message arrives, so it never becomes the observation a timer tick steps on."""
 
-    def __init__(self, joint_names: Sequence[str], limit: float = math.inf):
+    def __init__(
+        self,
+        joint_names: Sequence[str],
+        limit: float = math.inf,
+        fields: Sequence[str] = DEFAULT_FIELDS,
+    ):
         names = list(joint_names)
         if not names or len(set(names)) != len(names) or not all(names):
             raise ValueError(f"joint_names must be unique non-empty names, got {names}")
         if not limit > 0:  # NaN too
             raise ValueError(f"limit must be > 0, got {limit}")
         self.joint_names = names
+        self.fields = check_fields(fields)
         self.n = len(names)
+        self.dim = self.n * len(self.fields)  # the observation's size
         self.limit = float(limit)
         self._names: tuple = ()  # the last message's names and their index: usually unchanged
         self._idx: list[int] = []
 
-    def observation(self, names: Sequence[str], position, velocity) -> np.ndarray:
+    def observation(self, names: Sequence[str], position, velocity=(), effort=()) -> np.ndarray:
         """The observation, or BadRequest (a ValueError) saying why the message is refused."""
-        if len(position) != len(names) or len(velocity) != len(names):
+        given = {"position": position, "velocity": velocity, "effort": effort}
+        arrays = [given[f] for f in self.fields]
+        if any(len(a) != len(names) for a in arrays):
+            sizes = ", ".join(f"{len(given[f])} {f} values" for f in self.fields)
             raise BadRequest(
-                f"joint_states has {len(names)} names, {len(position)} positions and "
-                f"{len(velocity)} velocities; they must match"
+                f"joint_states has {len(names)} names and {sizes}; the state needs "
+                f"{'/'.join(self.fields)} for every name"
             )
         key = tuple(names)
         if key != self._names:
@@ -46,16 +84,17 @@ class JointMapper:
             if missing:
                 raise BadRequest(f"joint_states lacks joints {missing}")
             self._names, self._idx = key, [index[j] for j in self.joint_names]
-        idx = self._idx
-        obs = np.empty(2 * self.n, dtype=np.float64)
-        for k, i in enumerate(idx):
-            p, v = position[i], velocity[i]
-            if not (math.isfinite(p) and math.isfinite(v)):
-                raise BadRequest(f"joint {self.joint_names[k]!r} has a NaN or Inf value")
-            if abs(p) > self.limit or abs(v) > self.limit:
-                raise BadRequest(
-                    f"joint {self.joint_names[k]!r} has a value beyond |x| <= {self.limit:g} "
-                    "(obs_limit)"
-                )
-            obs[k], obs[self.n + k] = p, v
+        n, lim = self.n, self.limit
+        obs = np.empty(self.dim, dtype=np.float64)
+        for f, a in enumerate(arrays):
+            for k, i in enumerate(self._idx):
+                x = a[i]
+                if not math.isfinite(x):
+                    raise BadRequest(f"joint {self.joint_names[k]!r} has a NaN or Inf value")
+                if abs(x) > lim:
+                    raise BadRequest(
+                        f"joint {self.joint_names[k]!r} has a value beyond |x| <= {lim:g} "
+                        "(obs_limit)"
+                    )
+                obs[f * n + k] = x
         return obs

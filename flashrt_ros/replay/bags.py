@@ -105,9 +105,9 @@ class InputEvent:
     """One input message of a bag: a JointState (``kind="joint_states"``), a goal (``"goal"``)
     or a camera image (``"image"``).
 
-    ``stamp_ns`` is the bag receive time. joint_states fill ``names``, ``position``, ``velocity``
-    (and ``header_ns``); goals fill ``data``; images ``camera`` and ``image``. Unused arrays are
-    empty float64 arrays.
+    ``stamp_ns`` is the bag receive time. joint_states fill ``names``, ``position``,
+    ``velocity``, ``effort`` (and ``header_ns``); goals fill ``data``; images ``camera`` and
+    ``image``. Unused arrays are empty float64 arrays.
     """
 
     kind: str
@@ -115,6 +115,7 @@ class InputEvent:
     names: list[str] = field(default_factory=list)
     position: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     velocity: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
+    effort: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     data: np.ndarray = field(default_factory=lambda: _EMPTY.copy())
     header_ns: int = 0
     camera: str = ""
@@ -135,6 +136,7 @@ class InputEvent:
                 for a, b in (
                     (self.position, other.position),
                     (self.velocity, other.velocity),
+                    (self.effort, other.effort),
                     (self.data, other.data),
                 )
             )
@@ -307,6 +309,7 @@ def read_inputs(
                         names=[str(n) for n in m.name],
                         position=np.array(m.position, dtype=np.float64),
                         velocity=np.array(m.velocity, dtype=np.float64),
+                        effort=np.array(m.effort, dtype=np.float64),
                         header_ns=_stamp_ns(m.header.stamp),
                     )
                 )
@@ -387,7 +390,7 @@ def _joint_state_msg(e: InputEvent):
         name=[str(n) for n in e.names],
         position=_float_array(e.position, "position"),
         velocity=_float_array(e.velocity, "velocity"),
-        effort=_EMPTY.copy(),
+        effort=_float_array(e.effort, "effort"),
     )
 
 

@@ -86,16 +86,20 @@ class NodeDriver:
         self._spin_until(fut.done, client.srv_name)
         return fut.result()
 
-    def connect(self) -> tuple[list[str], float]:
-        """Check the node is there in observation mode; returns its joint_names and obs_limit
-        (the replay leaves out what the node would refuse, and expects no command for it)."""
+    def connect(self) -> tuple[list[str], float, list[str]]:
+        """Check the node is there in observation mode; returns its joint_names, obs_limit and
+        state_fields (the replay leaves out what the node would refuse, and expects no command
+        for it)."""
         resp = self._call(
             self.params,
-            GetParameters.Request(names=["trigger", "joint_names", "cameras", "obs_limit"]),
+            GetParameters.Request(
+                names=["trigger", "joint_names", "cameras", "obs_limit", "state_fields"]
+            ),
         )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
         cams = list(resp.values[2].string_array_value)
         limit = resp.values[3].double_value
+        fields = list(resp.values[4].string_array_value)
         self.cameras = [c.partition(":")[0] for c in cams]
         compressed = [c.partition(":")[0] for c in cams if c.endswith(":compressed")]
         if compressed:
@@ -120,7 +124,7 @@ class NodeDriver:
         if self.cameras:
             self._spin_until(lambda: self.seen is not None, "~/camera_seen")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
-        return joints, limit
+        return joints, limit, fields
 
     def reset(self) -> str:
         """Put the node's live session back to its initial state (what the replay starts from,
@@ -137,6 +141,7 @@ class NodeDriver:
             name=list(event.names),
             position=[float(x) for x in event.position],
             velocity=[float(x) for x in event.velocity],
+            effort=[float(x) for x in event.effort],
         )
         _stamp(msg, event.header_ns or event.stamp_ns)
         self.js.publish(msg)

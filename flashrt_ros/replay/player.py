@@ -59,7 +59,7 @@ def play(
     goal_dim: int | None = None,
 ) -> ReplayResult:
     """Run the schedule; `rate` > 0 paces sends at that multiple of bag time (still lockstep)."""
-    why = checkpoint_problem(checkpoint_at, restore_at)
+    why = schedule_problem(events, mapper, checkpoint_at, restore_at)
     if why:
         raise ValueError(why)
     res = ReplayResult()
@@ -103,7 +103,7 @@ def play(
                 held[ev.camera] = i
         else:
             try:
-                obs = mapper.observation(ev.names, ev.position, ev.velocity)
+                obs = mapper.observation(ev.names, ev.position, ev.velocity, ev.effort)
             except ValueError as e:
                 res.skipped.append((i, str(e)))
                 driver.refused(ev)
@@ -123,6 +123,45 @@ def play(
             f"observations, and a restore after {restore_at} commands needs more than that"
         )
     return res
+
+
+def schedule_problem(
+    events: list[InputEvent],
+    mapper: JointMapper,
+    checkpoint_at: int | None = None,
+    restore_at: int | None = None,
+) -> str:
+    """What makes the bag unplayable as asked ("" when nothing), found before anything is
+    sent: no joint_states the mapper takes (a replay of it would write an empty command bag,
+    which a diff against another empty one calls equal), or a --restore-at at or beyond the
+    number of valid observations."""
+    why = checkpoint_problem(checkpoint_at, restore_at)
+    if why:
+        return why
+    valid, first_why = 0, ""
+    for ev in events:
+        if ev.kind != "joint_states":
+            continue
+        try:
+            mapper.observation(ev.names, ev.position, ev.velocity, ev.effort)
+        except ValueError as e:
+            first_why = first_why or str(e)
+        else:
+            valid += 1
+    if not valid:
+        n_js = sum(ev.kind == "joint_states" for ev in events)
+        if not n_js:
+            return "the bag has no joint_states on the topic read: nothing to replay"
+        return (
+            f"none of the bag's {n_js} joint_states makes an observation for joints "
+            f"{mapper.joint_names} ({'/'.join(mapper.fields)}); the first: {first_why}"
+        )
+    if restore_at is not None and restore_at >= valid:
+        return (
+            f"--restore-at {restore_at}: the bag has {valid} valid observations, and a restore "
+            f"after {restore_at} commands needs more than that"
+        )
+    return ""
 
 
 def checkpoint_problem(checkpoint_at: int | None, restore_at: int | None) -> str:

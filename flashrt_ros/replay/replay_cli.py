@@ -8,9 +8,15 @@ import math
 import os
 import sys
 
-from flashrt_ros.obs.joints import JointMapper
+from flashrt_ros.obs.joints import DEFAULT_FIELDS, FIELDS, JointMapper, check_fields, fields_hint
 from flashrt_ros.replay import bags
-from flashrt_ros.replay.player import EngineDriver, checkpoint_problem, events_after, play
+from flashrt_ros.replay.player import (
+    EngineDriver,
+    checkpoint_problem,
+    events_after,
+    play,
+    schedule_problem,
+)
 
 EPILOG = """
 The node must run with trigger:=observation (one step per joint_states message):
@@ -128,9 +134,20 @@ def parse(argv):
         default=",".join(f"joint{i}" for i in range(1, 7)),
         help="joint names, comma separated (the node's are read from it)",
     )
+    off.add_argument(
+        "--state-fields",
+        default=",".join(DEFAULT_FIELDS),
+        help="the node's `state_fields`, comma separated: which joint_states arrays make the "
+        f"observation ({', '.join(FIELDS)}; default {','.join(DEFAULT_FIELDS)}; the node's "
+        "are read from it)",
+    )
     a = ap.parse_args(argv)
     if a.rate < 0:
         ap.error("--rate must be >= 0")
+    try:
+        a.state_fields = check_fields([f for f in a.state_fields.split(",") if f])
+    except ValueError as e:
+        ap.error(f"--state-fields: {e}")
     if not (a.obs_limit > 0 and math.isfinite(a.obs_limit)):
         ap.error("--obs-limit must be a finite number > 0")
     if not (a.timeout > 0 and math.isfinite(a.timeout)):
@@ -254,7 +271,16 @@ def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = 
     if start is not None:  # fingerprint, layout, checksum checked: a foreign file is refused
         info = engine.load_capsule(a.from_capsule)
         engine.restore(info.id, session="main", verify=True)
-    mapper = JointMapper([j for j in a.joints.split(",") if j], limit=engine.obs_limit)
+    mapper = JointMapper(
+        [j for j in a.joints.split(",") if j], limit=engine.obs_limit, fields=a.state_fields
+    )
+    if (engine.obs_dim, engine.action_dim) != (mapper.dim, mapper.n):
+        raise ValueError(
+            f"policy {a.policy} takes {engine.obs_dim} observations and gives "
+            f"{engine.action_dim} actions; --joints has {mapper.n} joints and --state-fields "
+            f"{list(mapper.fields)} make {mapper.dim} observations"
+            + fields_hint(engine.obs_dim, mapper.n)
+        )
     return play(
         events,
         mapper,
@@ -277,6 +303,9 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
     try:
         mapper = JointMapper(*driver.connect())
         _same_cameras(bag_cams or [], driver.cameras, "the node")
+        why = schedule_problem(events, mapper, a.checkpoint_at, a.restore_at)
+        if why:  # before the reset: a refused replay changes nothing
+            raise ValueError(why)
         if not a.no_reset:  # the last thing before playing: a refused replay changes nothing
             print(f"{a.node}: {driver.reset()}")
         return play(

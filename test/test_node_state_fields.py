@@ -124,7 +124,8 @@ def test_a_positions_only_bag_replays_through_the_node_as_offline(ros, tmp_path,
     q = np.random.default_rng(3).uniform(-1.0, 1.0, (20, 6))
     stamps = [1_000_000_000 + k * 10_000_000 for k in range(20)]
     events = [
-        bags.InputEvent("joint_states", s, names=JOINTS, position=r) for s, r in zip(stamps, q)
+        bags.InputEvent("joint_states", s, names=JOINTS, position=r)
+        for s, r in zip(stamps, q, strict=True)
     ]
     bags.write_inputs(tmp_path / "in", events, storage="mcap")
     assert replay([str(tmp_path / "in"), str(tmp_path / "node")]) == 0, capsys.readouterr().err

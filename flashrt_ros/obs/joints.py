@@ -57,6 +57,7 @@ class JointMapper:
             raise ValueError(f"limit must be > 0, got {limit}")
         self.joint_names = names
         self.fields = check_fields(fields)
+        self._which = tuple(FIELDS.index(f) for f in self.fields)  # into observation()'s arrays
         self.n = len(names)
         self.dim = self.n * len(self.fields)  # the observation's size
         self.limit = float(limit)
@@ -65,14 +66,16 @@ class JointMapper:
 
     def observation(self, names: Sequence[str], position, velocity=(), effort=()) -> np.ndarray:
         """The observation, or BadRequest (a ValueError) saying why the message is refused."""
-        given = {"position": position, "velocity": velocity, "effort": effort}
-        arrays = [given[f] for f in self.fields]
-        if any(len(a) != len(names) for a in arrays):
-            sizes = ", ".join(f"{len(given[f])} {f} values" for f in self.fields)
-            raise BadRequest(
-                f"joint_states has {len(names)} names and {sizes}; the state needs "
-                f"{'/'.join(self.fields)} for every name"
-            )
+        given = (position, velocity, effort)
+        arrays = [given[w] for w in self._which]
+        count = len(names)
+        for a in arrays:
+            if len(a) != count:
+                sizes = ", ".join(f"{len(given[w])} {FIELDS[w]} values" for w in self._which)
+                raise BadRequest(
+                    f"joint_states has {count} names and {sizes}; the state needs "
+                    f"{'/'.join(self.fields)} for every name"
+                )
         key = tuple(names)
         if key != self._names:
             index = {n: i for i, n in enumerate(names)}
@@ -84,17 +87,12 @@ class JointMapper:
             if missing:
                 raise BadRequest(f"joint_states lacks joints {missing}")
             self._names, self._idx = key, [index[j] for j in self.joint_names]
-        n, lim = self.n, self.limit
-        obs = np.empty(self.dim, dtype=np.float64)
-        for f, a in enumerate(arrays):
-            for k, i in enumerate(self._idx):
-                x = a[i]
-                if not math.isfinite(x):
-                    raise BadRequest(f"joint {self.joint_names[k]!r} has a NaN or Inf value")
-                if abs(x) > lim:
-                    raise BadRequest(
-                        f"joint {self.joint_names[k]!r} has a value beyond |x| <= {lim:g} "
-                        "(obs_limit)"
-                    )
-                obs[f * n + k] = x
-        return obs
+        values = [a[i] for a in arrays for i in self._idx]
+        lim, isfinite = self.limit, math.isfinite
+        for j, x in enumerate(values):
+            if not isfinite(x) or abs(x) > lim:
+                name = self.joint_names[j % self.n]
+                if not isfinite(x):
+                    raise BadRequest(f"joint {name!r} has a NaN or Inf value")
+                raise BadRequest(f"joint {name!r} has a value beyond |x| <= {lim:g} (obs_limit)")
+        return np.array(values, dtype=np.float64)

@@ -215,3 +215,11 @@ class JointsOnly(nn.Module):
 
 def make_joints() -> JointsOnly:
     return JointsOnly()
+
+
+def act_positions():
+    """builtin:act's module (seeded init) on joint positions alone: observation.state of 6 and a
+    64x64 top camera, no goal input (the demo serves it with state_fields [position])."""
+    from flashrt_ros.policies.act import make_act
+
+    return make_act(state_dim=6)

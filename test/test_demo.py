@@ -174,6 +174,38 @@ def test_demo_act_end_to_end(tmp_path):
     assert "camera frames" in r.stdout and "skipped" in r.stdout, r.stdout
 
 
+def test_demo_fits_state_fields_to_the_policy_and_refuses_a_blind_goalless_one():
+    """The node takes positions-only policies (state_fields [position]); the demo refused them
+    (it required positions and velocities). A policy with neither a goal nor a camera cannot
+    see the story's goals: refused with the reason, before any node starts."""
+    from flashrt_ros.demo import DemoError
+    from flashrt_ros.demo.policy_info import describe_policy
+
+    assert describe_policy("builtin:hybrid", 6).state_fields == ("position", "velocity")
+    info = describe_policy("test.lerobot_like:act_positions", 6)
+    assert info.state_fields == ("position",) and info.cameras == ("top",)
+    with pytest.raises(DemoError, match="neither a goal nor a camera"):
+        describe_policy("test.lerobot_like:make_joints", 6)
+
+
+def test_demo_serves_a_positions_only_camera_policy(tmp_path):
+    """The story with a positions-only ACT: the node gets state_fields [position] and every
+    capsule operation succeeds."""
+    _require_rclpy()
+    domain = fresh_domain_id()
+    out = tmp_path / "demo_pos"
+    spec = "test.lerobot_like:act_positions"
+    cmd = [sys.executable, "-m", "flashrt_ros.demo", "--policy", spec, "--out", str(out)]
+    cmd += ["--duration", "8", "--domain-id", str(domain)]
+    env = _env(domain)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"]["state_fields"] == ["position"], summary["policy"]
+    assert summary["all_ops_ok"] is True and summary["story_steps"] > 0, summary["capsule_ops"]
+
+
 def test_demo_plot_imports_no_ros():
     """The plot re-plots a run on a machine without ROS (e.g. the GPU benchmark machine)."""
     code = (

@@ -102,10 +102,12 @@ def start_nodes(
     cameras: tuple[str, ...] = (),
     image_hw: tuple[int, int] | None = None,
     camera_rate_hz: float = 30.0,
+    state_fields: tuple[str, ...] = ("position", "velocity"),
 ) -> None:
     """Start the sim arm, then the policy node (`policy`, timer trigger at `rate_hz`, commands
-    only). With `cameras` (the policy's image inputs, all `image_hw`), the sim publishes
-    camera/<name>/image_raw rgb8 at `camera_rate_hz` and the node subscribes them.
+    only, its observation made of `state_fields`). With `cameras` (the policy's image inputs,
+    all `image_hw`), the sim publishes camera/<name>/image_raw rgb8 at `camera_rate_hz` and the
+    node subscribes them.
 
     Each is appended to `children` as soon as it runs, so the caller stops whatever started even
     when a later start fails.
@@ -136,6 +138,8 @@ def start_nodes(
         f"rate_hz:={float(rate_hz)}",
         "-p",
         "output:=commands",
+        "-p",
+        "state_fields:=[" + ", ".join(state_fields) + "]",
     ]
     if cameras:
         node_args += ["-p", f"cameras:={names}"]

@@ -41,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--policy",
         default=DEFAULT_POLICY,
         help=f"policy spec the node serves (default {DEFAULT_POLICY}); builtin:act reads the "
-        "sim's camera (its image inputs say which cameras and what size)",
+        "sim's camera (its image inputs say which cameras and what size); a state of 6 values "
+        "is served as the joint positions (state_fields [position]), of 12 as positions then "
+        "velocities; it needs a goal input or a camera to see the story's goals",
     )
     ap.add_argument(
         "--out", type=Path, default=Path("out/demo"), help="output directory (default: ./out/demo)"
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 cameras=info.cameras,
                 image_hw=info.image_hw,
                 camera_rate_hz=CAMERA_RATE_HZ,
+                state_fields=info.state_fields,
             )
         except DemoError as e:  # the nodes did not come up (not built, say): exit 2
             print(f"flashrt demo: error: {e}", file=sys.stderr)

@@ -26,6 +26,8 @@ class PolicyInfo:
     action_dim: int
     cameras: tuple[str, ...] = ()
     image_hw: tuple[int, int] | None = None
+    # the joint_states arrays its observation is made of (the node's state_fields)
+    state_fields: tuple[str, ...] = ("position", "velocity")
     # the arena's regions (policy state, then goal and step counter): what a capsule holds
     state: tuple[dict, ...] = field(default_factory=tuple)
 
@@ -49,14 +51,15 @@ class PolicyInfo:
             "action_dim": self.action_dim,
             "cameras": list(self.cameras),
             "image_hw": list(self.image_hw) if self.image_hw else None,
+            "state_fields": list(self.state_fields),
             "capsule_state": [dict(s) for s in self.state],
         }
 
 
 def describe_policy(spec: str, n_joints: int) -> PolicyInfo:
     """Load `spec` as the node will (shipped weights) and describe it; DemoError when the demo's
-    sim arm cannot serve it (observation = n_joints positions then velocities, n_joints actions,
-    a goal of n_joints values or none, images of one size in rgb8)."""
+    sim arm cannot serve it (observation = n_joints positions, then velocities or not,
+    n_joints actions, a goal of n_joints values or none, images of one size in rgb8)."""
     from flashrt_ros.errors import BadRequest
     from flashrt_ros.policies.loader import load_policy
     from flashrt_ros.runtime.session import engine_entries
@@ -69,15 +72,22 @@ def describe_policy(spec: str, n_joints: int) -> PolicyInfo:
     images = [i for i in inputs if i.kind == "image"]
     vectors = [i for i in inputs if i.kind == "vector"]
     problems = []
-    if [tuple(v.shape) for v in vectors] != [(2 * n_joints,)]:
+    fields = {(n_joints,): ("position",), (2 * n_joints,): ("position", "velocity")}
+    shapes = [tuple(v.shape) for v in vectors]
+    if len(shapes) != 1 or shapes[0] not in fields:
         problems.append(
             f"its vector inputs are {[(v.name, v.shape) for v in vectors]}; the sim arm gives one "
-            f"of {2 * n_joints} values (positions then velocities)"
+            f"of {n_joints} values (positions) or {2 * n_joints} (positions then velocities)"
         )
     if int(policy.action_dim) != n_joints:
         problems.append(f"it has {policy.action_dim} actions; the sim arm has {n_joints} joints")
     if int(policy.goal_dim) not in (0, n_joints):
         problems.append(f"its goal has {policy.goal_dim} values; the demo's goals have {n_joints}")
+    if not images and int(policy.goal_dim) == 0:
+        problems.append(
+            "it takes neither a goal nor a camera: the demo's story is about reaching goals, "
+            "which it could not see"
+        )
     sizes = sorted({tuple(i.shape) for i in images})
     if len(sizes) > 1:
         problems.append(f"its cameras have sizes {sizes}; the sim arm renders one size for all")
@@ -107,5 +117,6 @@ def describe_policy(spec: str, n_joints: int) -> PolicyInfo:
         action_dim=int(policy.action_dim),
         cameras=tuple(i.name[len(prefix) :] for i in images),
         image_hw=(int(images[0].shape[1]), int(images[0].shape[2])) if images else None,
+        state_fields=fields[shapes[0]],
         state=state,
     )

@@ -52,6 +52,9 @@ class Story:
         self.takes_goal = policy.takes_goal if policy else True
         self.visual = policy.visual if policy else False
         self.policy_spec = policy.spec if policy else "builtin:hybrid"
+        # the rollout's rows: the model's positions, then its velocities where the policy takes
+        # them (a positions-only policy's node has state_fields [position])
+        self.obs_dim = policy.obs_dim if policy else None
         # the goal the camera shows follows the story (restore, live branch) when the policy
         # sees it there, or has no goal input at all
         self.redraw_goals = self.visual or not self.takes_goal
@@ -163,7 +166,7 @@ class Story:
         t = self.now()
         rtts, actions = [], []
         for k in range(n_steps):
-            obs = model.observation()
+            obs = model.observation()[: self.obs_dim]  # positions come first
             resp, rtt = self.p.call(
                 "rollout",
                 session=session,

@@ -108,7 +108,9 @@ def test_state_fields_that_do_not_fit_the_policy_fail_configure_saying_what_woul
 def test_a_positions_only_bag_replays_through_the_node_as_offline(ros, tmp_path, capsys):
     """flashrt-replay reads the node's state_fields: a bag whose joint_states carry positions
     alone replays through the node (before, every sample was refused for its missing
-    velocities) and equals the offline replay with --state-fields position."""
+    velocities) and equals the offline replay with --state-fields position. The policy takes
+    no goal: the bag's goal is left out through the node as offline (the replay waited for an
+    echo that never came, then failed)."""
     from flashrt_ros.replay import bags
     from flashrt_ros.replay.bagdiff_cli import main as bagdiff
     from flashrt_ros.replay.replay_cli import main as replay
@@ -127,9 +129,11 @@ def test_a_positions_only_bag_replays_through_the_node_as_offline(ros, tmp_path,
         bags.InputEvent("joint_states", s, names=JOINTS, position=r)
         for s, r in zip(stamps, q, strict=True)
     ]
+    events.insert(5, bags.InputEvent("goal", stamps[4] + 1, data=np.full(6, 0.2)))
     bags.write_inputs(tmp_path / "in", events, storage="mcap")
     assert replay([str(tmp_path / "in"), str(tmp_path / "node")]) == 0, capsys.readouterr().err
-    assert ": 20 commands" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ": 20 commands" in out and "1 samples skipped" in out, out
     off = ["--offline", "--policy", POSITIONS_ONLY, "--state-fields", "position"]
     assert replay([str(tmp_path / "in"), str(tmp_path / "off"), *off]) == 0
     assert bagdiff([str(tmp_path / "node"), str(tmp_path / "off")]) == 0

@@ -137,6 +137,15 @@ def test_restore_in_an_image_replay_steps_on_the_checkpoints_images(node, tmp_pa
     assert bagdiff([str(tmp_path / "node"), str(tmp_path / "off")]) == 0
     capsys.readouterr()
 
+    # the first joint_states precedes every image: N_JS - 1 commands, so a restore after
+    # N_JS - 1 is refused before anything is sent (it reset and stepped the node, then failed)
+    steps = int(node.latest_diag()["steps"])
+    beyond = ["--checkpoint-at", "1", "--restore-at", str(N_JS - 1)]
+    for how in ([], offline):
+        assert replay([str(bag), str(tmp_path / f"beyond{len(how)}"), *how, *beyond]) == 2
+        assert f"has {N_JS - 1} valid observations" in capsys.readouterr().err
+    assert int(node.latest_diag()["steps"]) == steps
+
 
 def test_a_flight_dump_of_an_image_replay_replays_from_its_tick(ros_module, tmp_path, capsys):
     """A node with cameras replays the bag (the replay sends each joint_states with the bag's

@@ -897,6 +897,11 @@ class FlashrtNode(LifecycleNode):
                 kv["capsules"] = str(len(eng.capsules()))
                 kv["pool_bytes_used"], kv["pool_bytes_total"] = map(str, pool_bytes(eng))
                 kv["device"] = str(eng.device)
+                # what the inputs take (flashrt-replay reads goal_dim: a goal of another size is
+                # refused, and no ~/goal_applied echo comes for it)
+                kv["policy"] = str(eng.policy.policy_id)
+                kv["obs_dim"], kv["goal_dim"] = str(eng.obs_dim), str(eng.goal_dim)
+                kv["action_dim"] = str(eng.action_dim)
                 if eng.fusing:  # a commit boundary: a fused step built by now is swapped in
                     eng.finish_fusing(timeout=0)
                 if self._fuse_unlogged and not eng.fusing:  # swapped here or at a tick

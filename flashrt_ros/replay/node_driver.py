@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.srv import GetParameters
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile
@@ -125,6 +126,26 @@ class NodeDriver:
             self._spin_until(lambda: self.seen is not None, "~/camera_seen")
         self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
         return joints, limit, fields
+
+    def goal_dim(self) -> int:
+        """The size of goal the node takes, from its /diagnostics (published about once a
+        second): a goal of another size is refused there, with no ~/goal_applied echo to wait
+        for, so the replay must leave it out as --offline does."""
+        prefix, got = f"{self.node_name}:", []
+
+        def on_diag(msg) -> None:
+            for st in msg.status:
+                if st.name.startswith(prefix):
+                    kv = {v.key: v.value for v in st.values}
+                    if "goal_dim" in kv:
+                        got.append(int(kv["goal_dim"]))
+
+        sub = self.n.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+        try:
+            self._spin_until(lambda: bool(got), "/diagnostics with its goal_dim")
+        finally:
+            self.n.destroy_subscription(sub)
+        return got[-1]
 
     def reset(self) -> str:
         """Put the node's live session back to its initial state (what the replay starts from,

@@ -132,30 +132,40 @@ def schedule_problem(
     restore_at: int | None = None,
 ) -> str:
     """What makes the bag unplayable as asked ("" when nothing), found before anything is
-    sent: no joint_states the mapper takes (a replay of it would write an empty command bag,
-    which a diff against another empty one calls equal), or a --restore-at at or beyond the
-    number of valid observations."""
+    sent: no joint_states that would get a command (a replay of it would write an empty
+    command bag, which a diff against another empty one calls equal), or a --restore-at at or
+    beyond the number of those. A joint_states gets a command when the mapper takes it and
+    every camera of the bag has had an image before it (play() skips the others); an image
+    the node refuses is only found while playing."""
     why = checkpoint_problem(checkpoint_at, restore_at)
     if why:
         return why
-    valid, first_why = 0, ""
+    cameras = {ev.camera for ev in events if ev.kind == "image"}
+    seen: set[str] = set()
+    n_js = mapped = valid = 0
+    first_why = ""
     for ev in events:
+        if ev.kind == "image":
+            seen.add(ev.camera)
         if ev.kind != "joint_states":
             continue
+        n_js += 1
         try:
             mapper.observation(ev.names, ev.position, ev.velocity, ev.effort)
         except ValueError as e:
             first_why = first_why or str(e)
-        else:
-            valid += 1
-    if not valid:
-        n_js = sum(ev.kind == "joint_states" for ev in events)
-        if not n_js:
-            return "the bag has no joint_states on the topic read: nothing to replay"
+            continue
+        mapped += 1
+        valid += seen >= cameras
+    if not n_js:
+        return "the bag has no joint_states on the topic read: nothing to replay"
+    if not mapped:
         return (
             f"none of the bag's {n_js} joint_states makes an observation for joints "
             f"{mapper.joint_names} ({'/'.join(mapper.fields)}); the first: {first_why}"
         )
+    if not valid:
+        return f"none of the bag's {n_js} joint_states comes after an image of every camera"
     if restore_at is not None and restore_at >= valid:
         return (
             f"--restore-at {restore_at}: the bag has {valid} valid observations, and a restore "

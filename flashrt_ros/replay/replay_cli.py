@@ -306,6 +306,8 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
         why = schedule_problem(events, mapper, a.checkpoint_at, a.restore_at)
         if why:  # before the reset: a refused replay changes nothing
             raise ValueError(why)
+        # a goal of the wrong size is refused by the node (no echo): left out, as offline
+        goal_dim = driver.goal_dim() if any(e.kind == "goal" for e in events) else None
         if not a.no_reset:  # the last thing before playing: a refused replay changes nothing
             print(f"{a.node}: {driver.reset()}")
         return play(
@@ -316,7 +318,7 @@ def _through_node(a, events, bag_cams: list[str] | None = None):
             a.restore_at,
             a.rate,
             progress=True,
-            goal_dim=mapper.n,
+            goal_dim=goal_dim,
         )
     finally:
         driver.close()

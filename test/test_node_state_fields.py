@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
 
 from test.node_client import JOINTS, NodeClient
 from test.ros_helpers import REPO_ROOT, launch_node
@@ -82,6 +83,10 @@ def test_position_and_effort_make_the_state_and_a_message_without_effort_is_refu
     assert "effort" in diag["last_refusal"], diag
     ros.spin_for(0.3)
     assert len(c.commands) == n  # never stepped
+    # a refused goal's reason, said once ("goal: goal must have ..." before)
+    c._goal.publish(Float64MultiArray(data=[0.1, 0.2]))
+    diag = c.wait_diag(lambda d: "(2,)" in d["last_refusal"])
+    assert diag["last_refusal"] == "goal must have shape (6,), got (2,)", diag
 
 
 @pytest.mark.parametrize(

@@ -617,8 +617,8 @@ class FlashrtNode(LifecycleNode):
             try:
                 self.engine.set_goal(msg.data, session=self.live)
                 self.flight.on_goal(self.engine, self.live)
-            except ValueError as e:
-                self._refuse(f"goal: {e}")
+            except ValueError as e:  # the engine's reasons already name the goal
+                self._refuse(str(e) if str(e).startswith("goal") else f"goal: {e}")
                 return
             except Exception as e:  # a device error is no bad goal: the fault path
                 self.control.fault("goal", e)

@@ -203,7 +203,7 @@ def test_replay_errors_are_clear(tmp_path, capsys):
         (
             [str(FIX / "arm_sqlite3"), str(tmp_path / "o8"), "--offline"]
             + ["--state-fields", "position"],
-            "state_fields ['position', 'velocity'] would fit",
+            "--state-fields position,velocity would fit",
         ),
         # an OUT_BAG that cannot be written is found before the replay runs, not after it
         ([str(FIX / "arm_sqlite3"), str(FIX / "fixtures.json" / "o6"), "--offline"], "folder"),

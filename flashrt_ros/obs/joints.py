@@ -26,14 +26,16 @@ def check_fields(fields: Sequence[str]) -> tuple[str, ...]:
     return f
 
 
-def fields_hint(state_dim: int, n_joints: int) -> str:
+def fields_hint(state_dim: int, n_joints: int, option: bool = False) -> str:
     """The state fields whose size would be `state_dim` for `n_joints` joints, in words, for
-    an error that says how to fix a mismatch ("" when no choice of ours fits)."""
+    an error that says how to fix a mismatch ("" when no choice of ours fits): as the node's
+    parameter, or with `option` as flashrt-replay's --state-fields."""
     k, rest = divmod(state_dim, n_joints)
     if rest or not 1 <= k <= len(FIELDS):
         return ""
     fit = FIELDS[:k]
-    return f" ({state_dim} = {k} x {n_joints} joints: state_fields {list(fit)} would fit)"
+    said = f"--state-fields {','.join(fit)}" if option else f"state_fields {list(fit)}"
+    return f" ({state_dim} = {k} x {n_joints} joints: {said} would fit)"
 
 
 class JointMapper:

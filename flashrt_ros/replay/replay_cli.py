@@ -279,7 +279,7 @@ def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = 
             f"policy {a.policy} takes {engine.obs_dim} observations and gives "
             f"{engine.action_dim} actions; --joints has {mapper.n} joints and --state-fields "
             f"{list(mapper.fields)} make {mapper.dim} observations"
-            + fields_hint(engine.obs_dim, mapper.n)
+            + fields_hint(engine.obs_dim, mapper.n, option=True)
         )
     return play(
         events,

@@ -406,3 +406,23 @@ def test_repeated_sigint_during_shutdown_ends_cleanly(live):
     log = proc.log_path.read_text(errors="replace")
     assert rc == 0, f"rc {rc}\n{log}"
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+
+
+def test_a_p_rule_under_a_section_naming_the_node_is_reported_with_its_real_cause(
+    tmp_path, ros_domain
+):
+    """A params file keyed by the node's name wins over `-p` (which joins `/**`): the node
+    refuses to start, as for any dropped rule, but it blamed the value's type, which was right
+    (a double for a double), and sent the integrator after the wrong thing."""
+    arm = tmp_path / "arm.yaml"
+    arm.write_text("/flashrt:\n  ros__parameters:\n    rate_hz: 100.0\n")
+    proc = launch_node(
+        {"device": "cpu"}, ["--params-file", str(arm), "-p", "rate_hz:=50.0"], log_dir=tmp_path
+    )
+    try:
+        assert _wait(proc) == 2, proc.log_tail()
+        log = proc.log_path.read_text(errors="replace")
+        assert "rate_hz:=50.0 was not applied" in log and "takes precedence over -p" in log, log
+        assert "another type" not in log, log
+    finally:
+        proc.stop()

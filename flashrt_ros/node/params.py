@@ -434,9 +434,11 @@ class ParamTable:
         return SetParametersResult(successful=True)
 
     def _dropped_cli(self, node, overrides: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
-        """`-p` rules that rcl dropped without a word. rcl keeps the params file's value when a
-        `-p` value has another type (`-p capsule_slots:=abc`, `-p joint_names:=[]`), so the
-        command line is read here too and any such rule is reported."""
+        """`-p` rules that rcl dropped without a word, so the command line is read here too and
+        any such rule is reported with its cause. rcl keeps the params file's value when a `-p`
+        value has another type (`-p capsule_slots:=abc`, `-p joint_names:=[]`), and also when
+        a params file has a section naming this node (`/left/flashrt:`): `-p` rules join the
+        `/**` section, which a section naming the node overrides."""
         problems = []
         for name, (raw, value) in cli_overrides(argv, node.get_name()).items():
             p = self.params.get(name)
@@ -451,12 +453,28 @@ class ParamTable:
                 delivered = p.convert(overrides.get(name, p.default))
             except ParamError:
                 continue  # reported by the check of the delivered values
-            if got != delivered:
+            if got == delivered:
+                continue
+            if _rcl_type(value) != _rcl_type(overrides.get(name, p.default)):
                 problems.append(
                     f"parameter {name}: -p {name}:={raw} was not applied by rcl (the params "
                     f"file's value {delivered!r} has another type); accepts {p.accepts()}"
                 )
+            else:
+                problems.append(
+                    f"parameter {name}: -p {name}:={raw} was not applied by rcl: a params file "
+                    f"section naming this node sets {delivered!r}, and it takes precedence over "
+                    "-p (whose rules join the `/**` section); set the value in that section, "
+                    "or key that file `/**:`"
+                )
         return problems
+
+
+def _rcl_type(value: Any) -> tuple:
+    """The parameter type rcl gives a value: a list's is its items' (none for an empty one)."""
+    if isinstance(value, list | tuple | array.array):
+        return ("array", type(value[0]) if len(value) else None)
+    return (type(value),)
 
 
 def _overrides(node) -> dict[str, Any]:
@@ -474,7 +492,8 @@ def wants_help(argv: Sequence[str]) -> bool:
 
 def cli_overrides(argv: Sequence[str], node_name: str) -> dict[str, tuple[str, Any]]:
     """`-p [node:]name:=value` rules of the --ros-args sections that apply to `node_name` and
-    come after the last --params-file (rcl applies both in order): name -> (text, value)."""
+    come after the last --params-file (a later file's `/**` values replace them; a section
+    naming the node, in any file, wins over them): name -> (text, value)."""
     rules: dict[str, tuple[str, Any]] = {}
     in_ros, i = False, 0
     while i < len(argv):

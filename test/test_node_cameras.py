@@ -424,6 +424,20 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     np.testing.assert_array_equal(command(), expect(obs[3], 4))
     assert "trigger observation on top + wrist" in proc.log_tail(200)
 
+    # the wrist stops while joint_states and the top camera go on: no frame set completes, so
+    # no tick and no stale tick; /diagnostics names the input it waits for (it said OK
+    # "stepping" while the robot held)
+    def top_and_state() -> None:
+        cams.pub["top"].publish(image_msg(tops[1], "rgb8"))
+        c.publish(obs[3])
+
+    d = stream_until(
+        ros, c, 8.0, top_and_state, until=lambda d: d["_message"].startswith("no step: waiting")
+    )
+    assert d["_level"] == 1 and "camera wrist (none valid for " in d["_message"], d
+    assert d["stale_stream"] == "camera wrist", d
+    assert len(c.commands) == 4
+
 
 def test_a_best_effort_camera_in_observation_mode_is_named_not_silently_unheard(ros):
     """Observation mode subscribes reliably, so a camera driver that publishes BEST_EFFORT

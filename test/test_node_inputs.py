@@ -319,3 +319,28 @@ def test_a_best_effort_goal_publisher_is_named_in_timer_mode_too(ros):
     assert ros.spin_until(lambda: "its messages never arrive" in proc.log_tail(200), 5)
     assert "trigger:=timer" not in proc.log_tail(200)  # no advice that would change nothing
     ros.node.destroy_publisher(pub)
+
+
+def test_timer_mode_says_the_joint_states_are_refused_not_only_stale(ros):
+    """A driver whose joint names do not match (joint1.. against l_j1..): every message is
+    refused, so timer ticks are stale. /diagnostics said only "stale: no fresh joint_states",
+    which sends an integrator after the driver's rate; it now also says why they are refused."""
+    from sensor_msgs.msg import JointState
+
+    from test.node_client import JOINTS
+
+    arm = [f"l_j{i}" for i in range(1, 7)]
+    proc = ros.start_node({"device": "cpu", "rate_hz": 50.0, "joint_names": arm})
+    c = NodeClient(ros, proc)
+    end, found = time.monotonic() + 15.0, None
+    n = len(c.diagnostics)
+    while time.monotonic() < end and found is None:
+        c._js.publish(JointState(name=JOINTS, position=[0.0] * 6, velocity=[0.0] * 6))
+        ros.spin_for(0.05)
+        found = next((d for d in c.diagnostics[n:] if "refused" in d["_message"]), None)
+    assert found is not None, c.diagnostics[-1:]
+    assert found["_message"].startswith("stale: no fresh joint_states, holding; inputs refused"), (
+        found
+    )
+    assert "lacks joints ['l_j1'" in found["_message"], found
+    assert c.commands == []

@@ -387,6 +387,11 @@ class Cameras:
         """The valid images of camera `name` so far (the node's step_on counts them)."""
         return next(c.accepted for c in self.cams if c.name == name)
 
+    def age(self, name: str, now: float) -> float | None:
+        """Seconds since camera `name`'s newest valid image (None before the first)."""
+        c = next(c for c in self.cams if c.name == name)
+        return None if c.latest is None else now - c.latest_t
+
     def stale(self, now: float, timeout: float) -> str:
         """The first camera without an image newer than `timeout` ("" when all are fresh);
         the step is counted on every such camera (`stale_steps`), not only the first."""

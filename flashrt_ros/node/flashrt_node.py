@@ -690,6 +690,26 @@ class FlashrtNode(LifecycleNode):
     def _is_goal(self, line: str) -> bool:
         return line.split(":", 1)[0] == self._subs[0].topic_name
 
+    def _waiting_for(self, now: float) -> str:
+        """Frame steps (step_on): the first listed input with no valid message newer than
+        obs_timeout_s, in words ("" when none). A frame set that never completes makes no
+        tick, so no stale tick says that one input stopped while the others come."""
+        if not self._frames or self.cfg is None:
+            return ""
+        for name in self.cfg.step_on:
+            if name == "joint_states":
+                with self._obs_lock:
+                    age = None if self._latest_obs is None else now - self._latest_t
+                what = "joint_states"
+            else:
+                age = self._cams.age(name, now) if self._cams is not None else None
+                what = f"camera {name}"
+            if age is None:
+                return f"{what} (none valid yet)"
+            if age > self.cfg.obs_timeout_s:
+                return f"{what} (none valid for {age:.1f} s)"
+        return ""
+
     def _stale(self, why: str) -> None:
         """A step not taken for stale inputs; stale_s adds the time it stood for: a period of
         the timer, or, for frame steps, the time since the frame set before."""
@@ -924,6 +944,11 @@ class FlashrtNode(LifecycleNode):
         kv["poisoned_reason"] = poisoned.get(shown, "")
         kv["poisoned_sessions"] = ",".join(poisoned)
         level, message = DiagnosticStatus.OK, "stepping"
+        # what holds the robot: a stale stream, an input of step_on that stopped, refusals
+        refused = f"inputs refused ({sn['last_refusal']})" if refusing else ""
+        waiting = self._waiting_for(time.monotonic()) if self.active and rate == 0.0 else ""
+        if waiting:  # what holds now, over the last stale tick's stream
+            kv["stale_stream"] = waiting.split(" (", 1)[0]
         if busy_s:
             level = DiagnosticStatus.ERROR if busy_s >= 1.0 else DiagnosticStatus.WARN
             message = (
@@ -955,9 +980,16 @@ class FlashrtNode(LifecycleNode):
         ):
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
-        elif refusing and rate == 0.0:  # inputs come, and are all refused: nothing steps
+            if refused:  # the stream may be stale because its messages are refused
+                message += f"; {refused}"
+        elif waiting:  # frame steps: one input of step_on stopped, the others come
             level = DiagnosticStatus.WARN
-            message = f"no step: inputs refused ({sn['last_refusal']})"
+            message = f"no step: waiting for {waiting}, holding"
+            if refused:
+                message += f"; {refused}"
+        elif refused and rate == 0.0:  # inputs come, and are all refused: nothing steps
+            level = DiagnosticStatus.WARN
+            message = f"no step: {refused}"
         elif poisoned:
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         elif unheard:

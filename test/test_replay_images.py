@@ -110,6 +110,47 @@ def test_offline_replay_refuses_compressed_cameras(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_offline_replay_refuses_cameras_that_are_not_the_policys(tmp_path, capsys):
+    """--cameras names must be the policy's image inputs, as the node's configure checks: a
+    list without the wrist, or with a camera the policy lacks, replayed with exit 0."""
+    bag = tmp_path / "cams"
+    make_bag(bag)
+    args = [str(bag), str(tmp_path / "out"), "--offline", "--policy", SPEC]
+    for cams in ("top", "top,wrist:bgr8,extra"):
+        assert replay([*args, "--cameras", cams]) == 2, cams
+        assert "are not the policy's cameras ['top', 'wrist']" in capsys.readouterr().err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_node_stepping_on_frame_sets_is_refused_before_the_replay_changes_it(
+    ros_module, tmp_path, capsys
+):
+    """With step_on naming a camera the node steps on each frame set, not on each
+    joint_states: the lockstep pairing does not hold (the replay recorded wrong commands with
+    exit 0, or timed out after resetting the node). Refused before anything is sent."""
+    with importable_tests():
+        proc = ros_module.start_node(
+            {
+                "policy": SPEC,
+                "device": "cpu",
+                "trigger": "observation",
+                "cameras": CAMERAS,
+                "step_on": ["top", "wrist"],
+            },
+            namespace="/frames",
+        )
+    c = NodeClient(ros_module, proc)
+    before = c.call("checkpoint", name="before")
+    assert before.success, before.message
+    bag = tmp_path / "cams"
+    make_bag(bag)
+    assert replay([str(bag), str(tmp_path / "out"), "--node", "/frames/flashrt"]) == 2
+    assert "replay needs step_on: [joint_states]" in capsys.readouterr().err
+    after = c.call("list_capsules")
+    assert [x.name for x in after.capsules] == ["before"]  # nothing reset, stepped or saved
+    assert int(c.latest_diag()["steps"]) == 0
+
+
 def _pass_again(cmds: list, at: int, back: int) -> tuple[list, list]:
     """The first pass over commands at..back and the pass after the restore, as byte strings."""
     first = [v.tobytes() for _, v in cmds[at:back]]

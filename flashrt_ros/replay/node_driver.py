@@ -94,13 +94,14 @@ class NodeDriver:
         resp = self._call(
             self.params,
             GetParameters.Request(
-                names=["trigger", "joint_names", "cameras", "obs_limit", "state_fields"]
+                names=["trigger", "joint_names", "cameras", "obs_limit", "state_fields", "step_on"]
             ),
         )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
         cams = list(resp.values[2].string_array_value)
         limit = resp.values[3].double_value
         fields = list(resp.values[4].string_array_value)
+        step_on = list(resp.values[5].string_array_value)
         self.cameras = [c.partition(":")[0] for c in cams]
         compressed = [c.partition(":")[0] for c in cams if c.endswith(":compressed")]
         if compressed:
@@ -112,6 +113,11 @@ class NodeDriver:
             raise NodeError(
                 f"{self.node_name} runs trigger:={trigger}; replay needs "
                 "trigger:=observation (one step per joint_states message)"
+            )
+        if step_on != ["joint_states"]:  # frame sets step on the images: no lockstep pairing
+            raise NodeError(
+                f"{self.node_name} steps on {step_on}; replay needs step_on: [joint_states] "
+                "(one step per joint_states message, each on the images sent before it)"
             )
         self._spin_until(lambda: self.js.get_subscription_count() > 0, "joint_states subscriber")
         self._spin_until(lambda: self.goal_pub.get_subscription_count() > 0, "goal subscriber")

@@ -267,6 +267,11 @@ def _offline(a, events, start: dict | None = None, bag_cams: list[str] | None = 
         image_encodings={camera_key(n): e for n, e in cams.items() if e is not None},
     )
     driver = EngineDriver(engine)
+    if cams and sorted(cams) != sorted(driver.cameras):  # as the node's configure refuses them
+        raise ValueError(
+            f"--cameras {sorted(cams)} are not the policy's cameras {sorted(driver.cameras)}; "
+            "name each of them once"
+        )
     _same_cameras(bag_cams or [], driver.cameras, "the policy")
     if start is not None:  # fingerprint, layout, checksum checked: a foreign file is refused
         info = engine.load_capsule(a.from_capsule)

@@ -693,7 +693,7 @@ NODE_PARAMS = ParamTable(
         ),
         Param(
             "state_fields",
-            DEFAULT_FIELDS,
+            list(DEFAULT_FIELDS),
             "string_array",
             "the joint_states arrays that make the observation, each for every joint of "
             "joint_names in order: [position, velocity] (builtin:hybrid), [position] (most "

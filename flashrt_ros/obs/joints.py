@@ -75,8 +75,8 @@ class JointMapper:
             if len(a) != count:
                 sizes = ", ".join(f"{len(given[w])} {FIELDS[w]} values" for w in self._which)
                 raise BadRequest(
-                    f"joint_states has {count} names and {sizes}; the state needs "
-                    f"{'/'.join(self.fields)} for every name"
+                    f"joint_states has {count} names and {sizes}; they must match (the state "
+                    f"needs {'/'.join(self.fields)} for every name)"
                 )
         key = tuple(names)
         if key != self._names:

@@ -96,8 +96,9 @@ class NodeClient:
         ), "node does not subscribe joint_states/goal, or does not publish commands"
         # Each side matches the other on its own discovery: these counts are this process's
         # view, and the node's reader or writer can match a moment later (a first observation
-        # or command lost that way stalled a test under load). Let discovery settle.
-        ros.spin_for(0.3)
+        # or command lost that way stalled a test under load: 0.3 s was once too short for the
+        # node's command writer on a loaded 2-core machine). Let discovery settle.
+        ros.spin_for(1.0)
 
     def _on_diag(self, msg, info) -> None:
         for st in msg.status:

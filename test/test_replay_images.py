@@ -24,12 +24,17 @@ from test.test_node_cameras import CAMERAS, SPEC, H, W
 N_JS = 24
 
 
+def camera_node(ros_module, namespace: str = "", **params):
+    """A node serving the two-camera test policy in observation mode, with `params` on top."""
+    base = {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS}
+    waits = ("list_capsules", "dump_flight") if "flight_ticks" in params else ("list_capsules",)
+    with importable_tests():
+        return ros_module.start_node(base | params, namespace=namespace, wait_services=waits)
+
+
 @pytest.fixture(scope="module")
 def node(ros_module):
-    with importable_tests():
-        proc = ros_module.start_node(
-            {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS}
-        )
+    proc = camera_node(ros_module)
     client = NodeClient(ros_module, proc)
     assert client.call("checkpoint", name="origin", pin=True).success
     return client
@@ -128,17 +133,7 @@ def test_a_node_stepping_on_frame_sets_is_refused_before_the_replay_changes_it(
     """With step_on naming a camera the node steps on each frame set, not on each
     joint_states: the lockstep pairing does not hold (the replay recorded wrong commands with
     exit 0, or timed out after resetting the node). Refused before anything is sent."""
-    with importable_tests():
-        proc = ros_module.start_node(
-            {
-                "policy": SPEC,
-                "device": "cpu",
-                "trigger": "observation",
-                "cameras": CAMERAS,
-                "step_on": ["top", "wrist"],
-            },
-            namespace="/frames",
-        )
+    proc = camera_node(ros_module, "/frames", step_on=["top", "wrist"])
     c = NodeClient(ros_module, proc)
     before = c.call("checkpoint", name="before")
     assert before.success, before.message
@@ -195,19 +190,7 @@ def test_a_flight_dump_of_an_image_replay_replays_from_its_tick(ros_module, tmp_
     from that tick on: the images before the tick are played first, as the node held them."""
     capdir = tmp_path / "capsules"
     capdir.mkdir()
-    with importable_tests():
-        proc = ros_module.start_node(
-            {
-                "policy": SPEC,
-                "device": "cpu",
-                "trigger": "observation",
-                "cameras": CAMERAS,
-                "flight_ticks": 64,
-                "capsule_dir": str(capdir),
-            },
-            namespace="/fl",
-            wait_services=("list_capsules", "dump_flight"),
-        )
+    proc = camera_node(ros_module, "/fl", flight_ticks=64, capsule_dir=str(capdir))
     bag = tmp_path / "cams"
     make_bag(bag)
     assert replay([str(bag), str(tmp_path / "node"), "--node", "/fl/flashrt"]) == 0

@@ -20,3 +20,7 @@ class CapsuleInfo:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def label(self) -> str:
+        """How logs and replies name it: the id, and the name a planner knows it by."""
+        return f"{self.id} ({self.name!r})" if self.name else self.id

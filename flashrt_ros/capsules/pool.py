@@ -55,7 +55,8 @@ class CapsulePool:
         self._clock = itertools.count(1)
         self._ids = itertools.count(1)
         self.gpu_tier = "gpu" if self.device.type == "cuda" else "cpu"
-        self.evicted: list[str] = []  # ids dropped by eviction, newest last (for logs)
+        # capsules dropped by eviction, newest last, as `id ('name')` (for logs and replies)
+        self.evicted: list[str] = []
         # ids a new capsule must not take though none is live (the Engine: ids whose file is in
         # capsule_dir, so drop never removes another capsule's file)
         self.id_taken: Callable[[str], bool] = lambda cid: False
@@ -114,7 +115,7 @@ class CapsulePool:
         used of it and the host tier's capsules is dropped (the LRU order holds across tiers:
         a capsule just restored from the host tier is not the first to go)."""
         if self.host.shape[0] == 0:
-            self.evicted.append(cap.info.id)
+            self.evicted.append(cap.info.label())
             self._release(cap)
             return
         if not self.free_host:
@@ -124,10 +125,10 @@ class CapsulePool:
                 default=None,
             )
             if oldest is None or cap.last_used < oldest.last_used:
-                self.evicted.append(cap.info.id)
+                self.evicted.append(cap.info.label())
                 self._release(cap)
                 return
-            self.evicted.append(oldest.info.id)
+            self.evicted.append(oldest.info.label())
             self._release(oldest)
         hs = self.free_host.pop()
         self.host[hs].copy_(self.slab[cap.slot], non_blocking=True)

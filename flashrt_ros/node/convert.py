@@ -44,6 +44,17 @@ def capsule_msg(info: CapsuleInfo) -> CapsuleInfoMsg:
     )
 
 
+def evictions(evicted: list[str]) -> str:
+    """What a reply adds when the capsule it made evicted others ("" when none): a planner
+    learns here, not at its failed restore, that a capsule it counted on is gone."""
+    if not evicted:
+        return ""
+    return (
+        f"; the pool was full: evicted {', '.join(evicted)} (pin capsules to keep them, or "
+        "raise capsule_slots or host_capsule_slots)"
+    )
+
+
 def command_msg(action: np.ndarray) -> Float64MultiArray:
     msg = Float64MultiArray()
     msg.data = action.tolist()

@@ -351,10 +351,7 @@ class FlashrtNode(LifecycleNode):
         if engine.fusing:
             self.get_logger().warning("late_fuse: the fused step was still building; left")
             return
-        if engine.fused:
-            self.get_logger().info(f"late_fuse: {engine.late_fuse}")
-        else:
-            self.get_logger().error(f"late_fuse: {engine.late_fuse}")
+        # how it ended (engine.late_fuse) is the Engine's own log line (node/logs.py forwards it)
         self._log_precompiled(engine)
 
     def _log_precompiled(self, engine: Engine) -> None:

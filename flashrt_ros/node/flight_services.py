@@ -52,7 +52,7 @@ from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.errors import BadRequest, CapacityError
-from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.loop import name_os_thread
 from flashrt_ros.runtime.flight import nonfinite_regions
 from flashrt_ros.srv import DumpFlight, Rewind
@@ -390,11 +390,13 @@ class FlightServices:
                 self._moves[session] = self._moves.get(session, 0) + 1
                 self.forget(eng, session)  # steps past the target will be ticked anew
             info = eng.checkpoint(session) if req.keep else None
+            evicted = eng.last_evicted if req.keep else []
             step = eng.session_step(session)
         resp.success, resp.step = True, step
         resp.message = f"{session!r} back from step {cur} to step {step}" + (
             f"; kept as capsule {info.id}" if info is not None else ""
         )
+        resp.message += evictions(evicted)
         if info is not None:
             resp.capsule = capsule_msg(info)
         self.ctl.say(f"rewind: {resp.message}")

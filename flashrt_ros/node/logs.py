@@ -12,11 +12,17 @@ back-to-back calls, on that machine, without it.
 `FastLog` makes the same C call rclpy makes, with the caller taken from the frame itself (its
 function, file and line, as rclpy reports them), so console, /rosout and log files see the same
 line. No throttle/once/skip_first filters here: a throttled line keeps rclpy's logger.
+
+`forward_core_logs` does the same for Python `logging` records: the core (runtime, capsules,
+policies) never imports ROS and logs with `logging`, so without it an eviction (INFO) was
+never seen and a warning reached only the process's stderr, bare, never /rosout.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Callable
 
 from rclpy.logging import LoggingSeverity
 
@@ -63,3 +69,60 @@ class FastLog:
             _emit = None
             return False
         return True
+
+
+CORE_LOGGER = "flashrt_ros"
+
+
+def _severity(levelno: int) -> LoggingSeverity:
+    if levelno >= logging.ERROR:
+        return LoggingSeverity.ERROR
+    if levelno >= logging.WARNING:
+        return LoggingSeverity.WARN
+    return LoggingSeverity.INFO if levelno >= logging.INFO else LoggingSeverity.DEBUG
+
+
+class RosLogHandler(logging.Handler):
+    """Python log records written as lines of an rclpy logger (console, /rosout, log file),
+    each prefixed with the module that logged it (`[runtime.engine] ...`)."""
+
+    def __init__(self, logger) -> None:
+        super().__init__()
+        self.logger = logger
+        self.name_ = logger.name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"[{record.name.removeprefix(CORE_LOGGER + '.')}] {self.format(record)}"
+            severity = _severity(record.levelno)
+            if _emit is not None:
+                if _enabled(self.name_, severity):
+                    _emit(
+                        severity, self.name_, text, record.funcName, record.pathname, record.lineno
+                    )
+                return
+            if severity >= LoggingSeverity.ERROR:  # pragma: no cover - another rclpy
+                self.logger.error(text)
+            elif severity == LoggingSeverity.WARN:  # pragma: no cover
+                self.logger.warning(text)
+            else:  # pragma: no cover
+                self.logger.info(text)
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
+
+
+def forward_core_logs(logger) -> Callable[[], None]:
+    """Send the core's log records from INFO up, and any other library's from WARNING up (the
+    root logger's level), to `logger` (the node's); returns what undoes it, for the exit,
+    before rclpy shuts down."""
+    handler = RosLogHandler(logger)
+    root, core = logging.getLogger(), logging.getLogger(CORE_LOGGER)
+    level = core.level
+    core.setLevel(logging.INFO)
+    root.addHandler(handler)
+
+    def undo() -> None:
+        root.removeHandler(handler)
+        core.setLevel(level)
+
+    return undo

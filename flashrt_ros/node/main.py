@@ -129,6 +129,7 @@ def _main(args: Sequence[str] | None) -> int:
     from rclpy.logging import get_logger
 
     from flashrt_ros.cuda.prewarm import warm_context
+    from flashrt_ros.node.logs import forward_core_logs
     from flashrt_ros.node.params import ParamError
 
     # The control thread must get the GIL back promptly after the executor thread ran Python.
@@ -141,6 +142,7 @@ def _main(args: Sequence[str] | None) -> int:
         print(f"flashrt_node: error: {e}", file=sys.stderr)
         return 2
     node = executor = services = None
+    unforward = None
     try:
         try:
             cfg = _check_parameters(argv)  # before the slow imports: a bad one fails at once
@@ -150,6 +152,7 @@ def _main(args: Sequence[str] | None) -> int:
             from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
+            unforward = forward_core_logs(node.get_logger())  # the core's `logging` records
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
@@ -199,6 +202,8 @@ def _main(args: Sequence[str] | None) -> int:
             node.capsule_services.close()
             node.service_host.destroy()
             node.destroy_node()
+        if unforward is not None:
+            unforward()
         if rclpy.ok():
             rclpy.shutdown()
         # configure froze every object it had made (gc.freeze, flashrt_node.py): what of rclpy

@@ -27,7 +27,7 @@ import numpy as np
 from rclpy.task import Future
 
 from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference
-from flashrt_ros.node.convert import capsule_msg
+from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.logs import FastLog
 from flashrt_ros.node.loop import EngineLock, name_os_thread
 from flashrt_ros.node.stats import LoopStats
@@ -228,18 +228,19 @@ class CapsuleServices:
         t0 = time.perf_counter()
         try:
             if req.persist:
-                info, session = await self._persisted(req)
+                info, session, evicted = await self._persisted(req)
             else:
                 with self._locked():
                     eng = self.ctl.configured()
                     session = self.ctl.user_session(eng, req.session)
                     info = eng.checkpoint(session, name=req.name or None, pin=req.pin)
+                    evicted = eng.last_evicted
         except Exception as e:
             return self._answer("checkpoint", resp, e)
         finally:
             self.ctl.timed(t0, "checkpoint")
         resp.success, resp.capsule = True, capsule_msg(info)
-        resp.message = f"capsule {info.id} of {session!r} at step {info.step}"
+        resp.message = f"capsule {info.id} of {session!r} at step {info.step}" + evictions(evicted)
         self.ctl.say(f"checkpoint: {resp.message}")
         return resp
 
@@ -257,7 +258,7 @@ class CapsuleServices:
             await done  # the write's own error (an existing file, a full disk) is raised here
             with self._locked():
                 if self.ctl.engine is eng:
-                    return eng.end_persist(pending), session
+                    return eng.end_persist(pending), session, eng.last_evicted
             # that engine is gone (cleaned up): no pool to fill, its reservations die with it
         except BaseException:  # GeneratorExit too: the node is shutting down
             with self._locked():

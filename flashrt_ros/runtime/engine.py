@@ -302,6 +302,7 @@ class Engine:
                 f"cannot allocate {capsule_slots} + {host_capsule_slots} capsule slots of "
                 f"{self.state_nbytes} bytes: {e}; lower capsule_slots or host_capsule_slots"
             ) from e
+        self.last_evicted: list[str] = []  # what the last capsule added evicted (_report_evictions)
         self._sessions: dict[str, Session] = {}
         self._poison: dict[str, str] = {}  # session -> why it may not step ("" never stored)
         self._scratch: torch.Tensor | None = None
@@ -987,9 +988,12 @@ class Engine:
         return probe, checksum
 
     def _report_evictions(self) -> None:
-        """Log the capsules the pool evicted to make room (LRU), once each."""
+        """Log the capsules the pool evicted to make room (LRU), once each, and keep them in
+        `last_evicted` until the next call that adds a capsule: a planner's checkpoint reply
+        names what it cost (a capsule it still counts on may be among them)."""
+        self.last_evicted = list(self.pool.evicted)
         if self.pool.evicted:
-            log.info("capsule pool evicted %s", ", ".join(self.pool.evicted))
+            log.warning("capsule pool full: evicted %s", ", ".join(self.pool.evicted))
             self.pool.evicted.clear()
 
     def capsules(self) -> list[CapsuleInfo]:
@@ -1018,6 +1022,7 @@ class Engine:
             except BaseException:
                 self.pool.set_pinned(info.id, before)
                 raise
+        self._report_evictions()  # a host-tier capsule pinned back into a full pool
         return info
 
     def _copy_in(self, cap: Capsule, s: Session, verify: bool) -> None:

@@ -1,0 +1,77 @@
+"""A capsule the full pool evicts is named where a planner and an operator look: in the reply
+of the call that cost it (checkpoint, rewind with keep) and on /rosout, where the core's own
+log lines (Python `logging`: the runtime and the capsule store never import ROS) now arrive
+as the node's. Before, a planner learned of it only when its restore failed with "unknown
+capsule", and a persisted file skipped at a restart was said on stderr alone."""
+
+from __future__ import annotations
+
+from rcl_interfaces.msg import Log
+from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
+
+from flashrt_ros.srv import Rewind
+from test.engine_util import observations
+from test.node_client import NodeClient
+
+OBS = observations(10, seed=3)
+
+
+def rosout(ros) -> list[Log]:
+    """Every line the nodes of this domain log, kept as they come (and those logged before,
+    from rosout's transient-local history)."""
+    lines: list[Log] = []
+    qos = QoSProfile(
+        depth=1000,
+        reliability=QoSReliabilityPolicy.RELIABLE,
+        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+    )
+    ros.node.create_subscription(Log, "/rosout", lines.append, qos)
+    return lines
+
+
+def test_an_evicted_capsule_is_named_in_the_reply_and_on_rosout(ros, tmp_path):
+    capdir = tmp_path / "capsules"
+    capdir.mkdir()
+    params = {
+        "trigger": "observation",
+        "device": "cpu",
+        "capsule_slots": 2,
+        "capsule_dir": str(capdir),
+        "flight_ticks": 4,
+    }
+    lines = rosout(ros)
+    proc = ros.start_node(params, wait_services=("list_capsules", "rewind"))
+    node = NodeClient(ros, proc)
+    node.run(OBS[:3])
+    first = node.call("checkpoint", name="before_grasp", persist=True)
+    second = node.call("checkpoint", name="a", persist=True)
+    assert first.success and second.success, (first.message, second.message)
+    assert "evicted" not in first.message + second.message  # room for both
+    third = node.call("checkpoint", name="b", persist=True)
+    assert third.success, third.message
+    gone = f"{first.capsule.id} ('before_grasp')"
+    assert f"the pool was full: evicted {gone}" in third.message, third.message
+    assert sorted(c.name for c in node.call("list_capsules").capsules) == ["a", "b"]
+    said = f"[runtime.engine] capsule pool full: evicted {gone}"
+    assert ros.spin_until(
+        lambda: any(m.name == "flashrt" and m.level == Log.WARN and said in m.msg for m in lines),
+        10.0,
+    ), [m.msg for m in lines][-20:]
+
+    # the flight recorder's keep makes a capsule too: its reply names what it evicted
+    node.run(OBS[3:6])
+    rewind = Rewind.Request(steps_back=1, keep=True)
+    r = ros.call(ros.client(Rewind, proc.service("rewind")), rewind, timeout=30)
+    assert r.success, r.message
+    assert f"evicted {second.capsule.id} ('a')" in r.message, r.message
+    proc.stop()
+
+    # a restart finds three files for two slots: the one left on disk is said on /rosout
+    n = len(lines)
+    proc = ros.start_node(params)
+    left = f"capsule file {capdir / 'before_grasp.fcap'} not loaded: the pool is full"
+    assert ros.spin_until(
+        lambda: any(m.level == Log.WARN and left in m.msg for m in lines[n:]), 10.0
+    ), [m.msg for m in lines[n:]][-20:]
+    reloaded = sorted(c.name for c in NodeClient(ros, proc).call("list_capsules").capsules)
+    assert reloaded == ["a", "b"]

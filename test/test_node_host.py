@@ -595,6 +595,28 @@ def test_a_queue_of_requests_is_left_for_the_next_wait_when_stop_says_so(ros, ow
     host.destroy()
 
 
+def test_a_planner_firing_many_requests_at_once_gets_every_answer(ros, owner):
+    """Fifty checkpoints sent at once by one client, each taking 2 ms to serve: rclpy's default
+    service queue (the last 10 requests) dropped the oldest of those not yet taken, and their
+    clients waited forever (11 of 40 answered through the node); every one is answered, in
+    the order sent."""
+    from flashrt_ros.srv import Checkpoint
+
+    host, served = _checkpoint_host(owner, seconds=0.002)
+    host.start()
+    try:
+        cli = ros.client(Checkpoint, "/flashrt/checkpoint")
+        ros.call(cli, Checkpoint.Request(name="warm"))
+        futures = [cli.call_async(Checkpoint.Request(name=f"c{i}")) for i in range(50)]
+        assert ros.spin_until(lambda: all(f.done() for f in futures), 20.0), (
+            f"{sum(f.done() for f in futures)} of 50 answered"
+        )
+        assert served == ["warm"] + [f"c{i}" for i in range(50)]
+    finally:
+        host.stop()
+        host.destroy()
+
+
 def test_the_control_thread_serves_a_burst_over_several_tick_gaps(ros, owner):
     """Ten requests of 3 ms each, sent at once to a 200 Hz loop that serves between its
     ticks: no request starts once the tick's final spin is due, so at most two of them fit

@@ -46,9 +46,22 @@ from collections.abc import Callable, Iterator
 
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.qos import QoSProfile, qos_profile_services_default
 
 from flashrt_ros.node.loop import set_affinity, set_realtime
 from flashrt_ros.node.waitloop import WaitLoop
+
+# rclpy's default service QoS keeps the last 10 requests: an 11th that arrives before the loop
+# takes the first ones replaces the oldest, whose client then waits forever (40 checkpoints
+# fired at once by one planner got 11 answers on the 2-core CPU machine). Every request queued
+# is kept up to this many, and each gets its answer.
+REQUEST_DEPTH = 1000
+SERVICE_QOS = QoSProfile(
+    history=qos_profile_services_default.history,
+    depth=REQUEST_DEPTH,
+    reliability=qos_profile_services_default.reliability,
+    durability=qos_profile_services_default.durability,
+)
 
 # the replies to requests the node cannot finish because it is shutting down: one still
 # queued (never started), one parked (started, awaiting work that did not come back)
@@ -100,12 +113,14 @@ class ServiceHost(WaitLoop):
             raise RuntimeError(f"{what} created after the service loop started: never waited on")
 
     def create_service(self, srv_type, name: str, callback, callback_group=None):
-        """`callback_group` is ignored: this host's loop serves every service in turn."""
+        """`callback_group` is ignored: this host's loop serves every service in turn. The
+        request queue holds REQUEST_DEPTH requests, not rclpy's default 10 (SERVICE_QOS)."""
         self._not_serving(f"service {name}")
         srv = self.node.create_service(
             srv_type,
             self.owner.resolve_service_name(name),
             callback,
+            qos_profile=SERVICE_QOS,
             callback_group=self.group,
         )
         self._services.append(srv)

@@ -321,3 +321,10 @@ def test_from_capsule_finds_the_joint_states_with_the_capsules_stamp_or_refuses(
     assert before == 4 and rest == mixed[4:]
     rest, before = events_after(mixed, 10.02)
     assert before == 3 and rest == mixed[3:]
+    # two unstamped ones recorded at one time, the last at or before the capsule: which one it
+    # had is unknown (it started one message late, exit 0, every command after it different)
+    tied = [_js(0.0, 100.0), _js(0.0, 101.0), _js(0.0, 101.0), _js(0.0, 102.0)]
+    with pytest.raises(ValueError, match=r"2 unstamped joint_states .* \(numbers 2, 3\).*ambig"):
+        events_after(tied, 101.0)
+    rest, before = events_after(tied, 100.5)  # a tie elsewhere changes nothing
+    assert before == 1 and rest == tied[1:]

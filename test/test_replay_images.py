@@ -40,8 +40,9 @@ def node(ros_module):
     return client
 
 
-def make_bag(path, blank: bool = False) -> None:
-    cam = ArmCamera(H, W, 6)
+def make_bag(path, blank: bool = False, width: int = W) -> None:
+    """`width` other than W: every camera image is of the wrong size."""
+    cam = ArmCamera(H, width, 6)
     t = np.arange(N_JS) * 0.05
     q = 0.4 * np.sin(t[:, None] + np.arange(6)[None] * 0.5)
     dq = 0.4 * np.cos(t[:, None] + np.arange(6)[None] * 0.5)
@@ -100,7 +101,9 @@ def test_image_bag_replays_deterministically_through_the_node_and_offline(node, 
     # the images matter: the same joint_states with blank pictures give other commands
     blank = tmp_path / "blank"
     make_bag(blank, blank=True)
-    assert replay([str(blank), str(tmp_path / "offb"), *offline[2:]]) == 0
+    argv = [str(blank), str(tmp_path / "offb"), *offline[2:], "--cameras", ",".join(CAMERAS)]
+    assert replay(argv) == 0
+    assert len(bags.read_commands(tmp_path / "offb")) == N_JS - 1
     assert bagdiff([str(tmp_path / "off"), str(tmp_path / "offb")]) == 1
 
 
@@ -113,6 +116,22 @@ def test_offline_replay_refuses_compressed_cameras(tmp_path, capsys):
     assert replay([*args, "--cameras", "top:compressed,wrist:bgr8"]) != 0
     assert "compressed cameras are not replayed offline" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_replay_in_which_no_joint_states_gets_a_command_fails_and_writes_nothing(
+    tmp_path, capsys
+):
+    """Every image refused (a driver update changed the size): no joint_states steps. The
+    replay wrote an empty command bag with exit 0, and a diff of two such bags said
+    "identical": a CI check that never stepped the policy passed."""
+    bag = tmp_path / "narrow"
+    make_bag(bag, width=W - 1)
+    out = tmp_path / "out"
+    argv = [str(bag), str(out), "--offline", "--policy", SPEC, "--cameras", "top,wrist:bgr8"]
+    assert replay(argv) == 2
+    err = capsys.readouterr().err
+    assert "no joint_states of the bag got a command" in err and "image" in err, err
+    assert not out.exists()
 
 
 def test_offline_replay_refuses_cameras_that_are_not_the_policys(tmp_path, capsys):

@@ -94,7 +94,15 @@ class NodeDriver:
         resp = self._call(
             self.params,
             GetParameters.Request(
-                names=["trigger", "joint_names", "cameras", "obs_limit", "state_fields", "step_on"]
+                names=[
+                    "trigger",
+                    "joint_names",
+                    "cameras",
+                    "obs_limit",
+                    "state_fields",
+                    "step_on",
+                    "output",
+                ]
             ),
         )
         trigger, joints = resp.values[0].string_value, list(resp.values[1].string_array_value)
@@ -118,6 +126,12 @@ class NodeDriver:
             raise NodeError(
                 f"{self.node_name} steps on {step_on}; replay needs step_on: [joint_states] "
                 "(one step per joint_states message, each on the images sent before it)"
+            )
+        output = resp.values[6].string_value
+        if output not in ("commands", "both"):  # else no commands publisher ever comes
+            raise NodeError(
+                f"{self.node_name} runs output:={output}; replay records its commands topic: "
+                "run the node with output:=commands or output:=both"
             )
         self._spin_until(lambda: self.js.get_subscription_count() > 0, "joint_states subscriber")
         self._spin_until(lambda: self.goal_pub.get_subscription_count() > 0, "goal subscriber")

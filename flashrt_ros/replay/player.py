@@ -122,6 +122,13 @@ def play(
             f"--restore-at {restore_at}: the bag has only {len(res.commands)} valid "
             f"observations, and a restore after {restore_at} commands needs more than that"
         )
+    if not res.commands:  # an empty command bag, which a diff against another calls equal
+        reasons = sorted({why for _, why in res.skipped})
+        raise ValueError(
+            f"no joint_states of the bag got a command ({len(res.skipped)} inputs refused: "
+            f"{'; '.join(reasons[:3]) or 'none'}): nothing to compare; fix the bag or the "
+            "policy's inputs"
+        )
     return res
 
 
@@ -209,7 +216,8 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
     ambiguous, refused (taking the last one before the stamp started a replay one message off
     where stamps repeat, and far off where they go back). With none, the capsule's tick had an
     unstamped message, which the node stamped by its receive time, which no bag holds: the
-    point is the last unstamped one recorded at or before it (none at all: another run)."""
+    point is the last unstamped one recorded at or before it (none at all: another run; two
+    recorded at that one time: ambiguous, refused as well)."""
     if stamp <= 0:
         return list(events), 0
     target = round(stamp * 1e9)
@@ -232,6 +240,17 @@ def events_after(events: list[InputEvent], stamp: float) -> tuple[list[InputEven
             raise ValueError(
                 f"the bag has no joint_states at or before the capsule's stamp {stamp:.9f} s: "
                 "it does not hold the run the capsule comes from"
+            )
+        at = events[last].stamp_ns
+        tied = [i for i, e in unstamped if abs(e.stamp_ns - at) <= STAMP_SLACK_NS]
+        if len(tied) > 1:  # recorded at one time: which of them the capsule had is unknown
+            n = [j for j, _ in states]
+            raise ValueError(
+                f"{len(tied)} unstamped joint_states of the bag (numbers "
+                f"{', '.join(str(n.index(i) + 1) for i in tied[:5])}) were recorded at "
+                f"{at / 1e9:.9f} s, the last time at or before the capsule's stamp "
+                f"{stamp:.9f} s: which one the capsule consumed is ambiguous (repeated "
+                "receive times); replay the whole bag, without --from-capsule"
             )
     else:
         raise ValueError(

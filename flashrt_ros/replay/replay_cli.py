@@ -142,8 +142,10 @@ def parse(argv):
         "are read from it)",
     )
     a = ap.parse_args(argv)
-    if a.rate < 0:
-        ap.error("--rate must be >= 0")
+    if not (math.isfinite(a.rate) and a.rate >= 0):
+        ap.error(
+            f"--rate must be a finite number >= 0 (0: as fast as the node answers), not {a.rate}"
+        )
     try:
         a.state_fields = check_fields([f for f in a.state_fields.split(",") if f])
     except ValueError as e:

@@ -360,6 +360,15 @@ def test_bagdiff_errors(tmp_path, capsys):
     assert "/nope" in err and "/commands" in err
     write_inputs(tmp_path / "in", [_js(1, [0.0])])
     assert bagdiff([str(tmp_path / "in"), str(tmp_path / "a")]) == 2
+    capsys.readouterr()
+    # two recordings without a command are not "identical": a replay that caught nothing fails
+    write_commands(tmp_path / "empty1", [], storage="mcap")
+    write_commands(tmp_path / "empty2", [])
+    assert bagdiff([str(tmp_path / "empty1"), str(tmp_path / "empty2")]) == 2
+    out, err = capsys.readouterr()
+    assert "identical" not in out and "neither bag has a command on /commands" in err
+    assert bagdiff([str(tmp_path / "a"), str(tmp_path / "empty2")]) == 1  # one empty: diverges
+    assert "A has 3 commands, B has 0" in capsys.readouterr().out
     assert bagdiff([str(tmp_path / "a"), str(tmp_path / "a"), "--atol", "-1"]) == 2
     with pytest.raises(SystemExit) as exc:
         bagdiff(["--help"])

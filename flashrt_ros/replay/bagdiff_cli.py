@@ -1,7 +1,8 @@
 """flashrt-bagdiff: compare the command streams of two rosbag2 bags (sqlite3 or MCAP, any mix).
 
 Exit status: 0 equal (bit-identical, or within --atol), 1 divergence (the first one is printed),
-2 error (missing or foreign bag, missing topic).
+2 error (missing or foreign bag, missing topic, or no command in either bag: two empty recordings
+prove nothing, so they are not called equal).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
             "exit status: 0 the streams are equal (bit-identical, or every value within --atol); "
             "1 they diverge, the first divergence is printed (command index, both stamps, joint "
             "index, both values, difference; a different number of commands also diverges); "
-            "2 a bag is missing or not a rosbag2 bag, or it lacks the topic."
+            "2 a bag is missing or not a rosbag2 bag, it lacks the topic, or neither bag has a "
+            "command on it (nothing to compare: a recording that caught no command is a failed "
+            "recording, not a pass)."
         ),
     )
     p.add_argument(
@@ -106,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         b = read_commands(args.bag_b, topic=args.topic)
     except ValueError as exc:
         print(f"flashrt-bagdiff: error: {exc}", file=sys.stderr)
+        return 2
+    if not a and not b:
+        print(
+            f"flashrt-bagdiff: error: neither bag has a command on {args.topic}: nothing to "
+            "compare (did the recording or the replay catch no command?)",
+            file=sys.stderr,
+        )
         return 2
     text, max_diff = compare_commands(a, b, args.atol)
     if text is not None:

@@ -873,8 +873,14 @@ def run_camera(
     timeout: float = 1.0,
     js_rate: float = CAMERA_JS_HZ,
     step_on: str = "joint_states",
+    rate: float = CAMERA_HZ,
 ) -> dict:
     """Observation trigger with two 640x480 rgb8 cameras (top, wrist) as a robot streams them.
+
+    `rate` 0 paces the pairs in lockstep instead of at 30 Hz: the next pair as soon as the
+    command that stepped on this one is in (or its `timeout` passed), as the lockstep image
+    echo floor paces its images, so the two compare like for like (a process that idles between
+    frames wakes up slower than one kept busy: the echo at 30 Hz takes ~2.5x its lockstep time).
 
     `step_on` "joint_states" (the node's default): each joint_states steps, as below. "cameras":
     the node's step_on is [top, wrist], so a step comes as soon as both cameras have a new
@@ -910,6 +916,7 @@ def run_camera(
     the node (`images_in_p50_us`), then held -> command (`after_images_p50_us`)."""
     probe = args.camera_policy == CAMERA_PROBE
     compressed = args.camera_compressed
+    pace = f"{rate:g} Hz" if rate else "lockstep"
     make_pair = compressed_pair_maker() if compressed else camera_pair
     if compressed:  # encoded once, here: not on the thread that timestamps the commands
         for v in range(1, 251):
@@ -932,7 +939,7 @@ def run_camera(
         ros.node.create_publisher(kind, proc.topic(f"camera/{c}/image_raw{suffix}"), 10)
         for c in CAMERAS
     ]
-    period, timeout_ns = 1.0 / CAMERA_HZ, int(timeout * 1e9)
+    period, timeout_ns = (1.0 / rate if rate else 0.0), int(timeout * 1e9)
     # counted: (v, t_mono ns, t_wall ns, command count at publish, pairs sent with it)
     pairs: list[tuple] = []
     from rclpy.qos import QoSDurabilityPolicy, QoSProfile
@@ -964,7 +971,7 @@ def run_camera(
                 elif time.monotonic() > first_by:
                     raise RuntimeError(
                         f"no command within 30 s of streaming joint_states at {js_rate:g} Hz "
-                        f"with images at {CAMERA_HZ:g} Hz (streamer {stop_streamer(sp)})\n"
+                        f"with images at {pace} (streamer {stop_streamer(sp)})\n"
                         f"{proc.log_tail()}"
                     )
             v = 1 + sent % 250
@@ -978,6 +985,13 @@ def run_camera(
             elif warm_left is not None:
                 warm_left -= 1
             msgs = make_pair(1 + sent % 250)  # the next pair, built off the clock
+            if not rate:  # lockstep: the next pair once this one's command is in
+                this = (v, t_mono, t_wall, m0)
+                cl.spin_until(
+                    lambda p=this: camera_match(cl, p, probe, timeout_ns) is not None, timeout
+                )
+                nxt = time.monotonic()
+                continue
             nxt += period
             if time.monotonic() > nxt:  # behind: do not burst, skip the lost slots
                 behind += 1
@@ -1027,7 +1041,8 @@ def run_camera(
         "policy": args.camera_policy,
         "match": "probe values (v, v + 1)" if probe else "first command after the pair",
         "cameras": f"2 x 640x480 {'JPEG (quality 90)' if compressed else 'rgb8'} at "
-        f"{CAMERA_HZ:g} Hz, joint_states at {js_rate:g} Hz, observation trigger",
+        f"{pace}, joint_states at {js_rate:g} Hz, observation trigger",
+        "pairs_rate_hz": rate or None,  # None: lockstep
         "step_on": list(CAMERAS) if step_on == "cameras" else ["joint_states"],
         "compressed": compressed,
         "image_rate_hz": round((len(pairs) - 1) / span, 1) if span > 0 else None,
@@ -1047,7 +1062,7 @@ def run_camera(
         },
     }
     log(
-        f"cameras, step_on {step_on} ({s['samples']} pairs, {out['missed']} missed "
+        f"cameras ({pace}), step_on {step_on} ({s['samples']} pairs, {out['missed']} missed "
         f"({out['missed_superseded']} superseded), images at "
         f"{out['image_rate_hz']} Hz, joint_states at {js_rate:g} Hz): camera->action p50/p99 "
         f"{out['camera_to_action_p50_us']}/{out['camera_to_action_p99_us']} us ({s['basis']}) = "
@@ -1537,6 +1552,14 @@ def main() -> int:
     )
     ap.add_argument("--no-floors", action="store_true", help="skip the bare-rclpy floors")
     ap.add_argument(
+        "--no-camera-lockstep",
+        dest="camera_lockstep",
+        action="store_false",
+        help="skip the camera frames scenario in lockstep (step_on: [top, wrist], the next pair "
+        "as soon as the command for the last one is in: the lockstep image echo's pace; runs "
+        "when --camera-step-on is cameras or both)",
+    )
+    ap.add_argument(
         "--no-camera-intake",
         dest="camera_intake",
         action="store_false",
@@ -1759,7 +1782,7 @@ def main() -> int:
             )  # fmt: skip
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
-    cam = cam_frames = intake = None
+    cam = cam_frames = cam_lock = intake = None
     if full or args.only == "camera":
         n_pairs = args.camera_samples or (30 if q else 500)
         with camera_dds():
@@ -1769,6 +1792,12 @@ def main() -> int:
                 cam_frames = attempt(
                     "camera frames", run_camera, args, n_pairs, 20, 1.0, CAMERA_JS_HZ, "cameras"
                 )
+                if args.camera_lockstep:
+                    cam_lock = attempt(
+                        "camera frames, lockstep",
+                        run_camera,
+                        *(args, min(n_pairs, 300), 20, 1.0, CAMERA_JS_HZ, "cameras", 0.0),
+                    )
             if args.camera_intake:  # the images' way in alone, node and bare floor
                 from bench.camera_intake import run_camera_intake, run_floor_camera_intake
 
@@ -1826,6 +1855,9 @@ def main() -> int:
         "camera_frames_to_action_p50_us": dig(cam_frames, "camera_to_action_p50_us"),
         "camera_frames_to_action_p99_us": dig(cam_frames, "camera_to_action_p99_us"),
         "camera_frames": with_image_floor(cam_frames, floors, args.camera_compressed),
+        # the pairs in lockstep, beside the lockstep image echo: the like-for-like comparison
+        "camera_frames_lockstep_to_action_p50_us": dig(cam_lock, "camera_to_action_p50_us"),
+        "camera_frames_lockstep": with_image_floor(cam_lock, floors, args.camera_compressed),
         "camera_intake": with_intake_floor(intake, floors),
         "floors": floors,
         "start": starts,
@@ -1929,6 +1961,20 @@ def print_table(r: dict) -> None:
         print(f"| {k} | {v['ours']} | {v['floor']} | {v['ours_minus_floor']} |")
     if "image_echo" in r["floors"]:
         print(f"| image_echo_p50_us (640x480 rgb8) | - | {r['floor_image_echo_p50_us']} | - |")
+    for key, what in (
+        ("camera", "default trigger, 30 Hz"),
+        ("camera_frames", "step_on cameras, 30 Hz"),
+        ("camera_frames_lockstep", "step_on cameras, lockstep"),
+    ):
+        c = r.get(key) or {}
+        for fk, fl in (
+            ("vs_floor_image_echo_p50_us", "lockstep"),
+            ("vs_floor_image_echo_30hz_p50_us", "30 Hz"),
+        ):
+            v = c.get(fk)
+            if v:
+                print(f"| camera->action p50 ({what}) vs image echo ({fl}) | {v['ours']} | "
+                      f"{v['floor']} | {v['ours_minus_floor']} |")  # fmt: skip
     if r.get("camera_intake"):
         v = r["camera_intake"]["vs_floor_camera_intake_p50_us"]
         print(f"| camera_intake_p50_us (2 images in) | {v['ours']} | {v['floor']} | "

@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
 from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory
 
@@ -102,7 +104,9 @@ def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_res
     for o in OBS[10:13]:  # the session is poisoned: valid observations give nothing either
         fresh.publish(o)
     fresh.ros.spin_for(0.5)
-    assert len(fresh.commands) == n and len(fresh.trajs) == nt
+    assert len(fresh.commands) == n
+    # no trajectory either, but the one empty trajectory that cancels the last one (the hold)
+    assert len(fresh.trajs) == nt + 1 and holds(fresh.trajs) == fresh.trajs[nt:]
     assert fresh.ros.spin_until(lambda: "poisoned" in fresh.proc.log_tail(), 3)  # logged
     r = fresh.call("rollout", observations=OBS[0].tolist(), n_steps=1)  # no state to fork
     assert not r.success and "poisoned" in r.message and "fault" not in r.message, r.message
@@ -184,10 +188,17 @@ def timer_node(ros_module):
     return c
 
 
+def holds(trajs: list) -> list:
+    """The empty trajectories (joint names, no points): a joint_trajectory_controller's cancel
+    and hold."""
+    return [t for t in trajs if not t.points]
+
+
 def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
     c = timer_node
     with feeding(c, OBS) as box:
         assert c.ros.spin_until(lambda: len(c.commands) > 20, 10)
+        h = len(holds(c.trajs))
         box[0] = poisoning(OBS[0])
         d = c.wait_diag(lambda d: d["_level"] == ERROR and d["poisoned_session"] == "main")
         assert "non-finite" in d["poisoned_reason"], d
@@ -196,11 +207,46 @@ def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
         nt = settled_count(c, c.ros.spin_for, items=c.trajs)
         c.ros.spin_for(0.6)  # fresh observations keep coming: still nothing published
         assert len(c.commands) == n and len(c.trajs) == nt
+        # the fault cancelled the trajectory in flight, once (the controller would otherwise
+        # have run the last chunk of the diverging policy to its end)
+        assert len(holds(c.trajs)) == h + 1 and holds(c.trajs)[-1] is c.trajs[-1]
         r = c.call("reset_session")
         assert r.success, r.message
         assert c.ros.spin_until(lambda: len(c.commands) > n + 20, 5)
     assert finite_rows(c.commands)
     assert all(finite_rows(p.positions for p in t.points) for t in c.trajs)
+
+
+def test_joint_trajectory_output_is_cancelled_when_the_robot_must_hold(timer_node):
+    """A joint_trajectory_controller runs the last trajectory it got to its end: a whole chunk,
+    up to seconds ahead. "The robot holds" (stale inputs, deactivate) therefore needs one empty
+    trajectory with the joint names, which cancels it; without it the arm kept moving along a
+    plan made from the last observation. Sent once per stop, and again only after a trajectory
+    went out."""
+    c, ros = timer_node, timer_node.ros
+    change = ros.client(ChangeState, c.proc.service("change_state"))
+
+    def transition(tid: int) -> bool:
+        return ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 30).success
+
+    h = len(holds(c.trajs))
+    with feeding(c, OBS):
+        assert ros.spin_until(lambda: len(c.trajs) > 20, 10)
+    # the feed stopped: stale after obs_timeout_s (0.5 s), one hold
+    assert ros.spin_until(lambda: len(holds(c.trajs)) == h + 1, 5), c.proc.log_tail()
+    ros.spin_for(0.6)
+    assert len(holds(c.trajs)) == h + 1 and not c.trajs[-1].points
+    assert list(c.trajs[-1].joint_names) == JOINTS
+    with feeding(c, OBS):
+        n = len(c.trajs)
+        assert ros.spin_until(lambda: len(c.trajs) > n + 10, 10)
+        assert transition(Transition.TRANSITION_DEACTIVATE)
+        ros.spin_for(0.5)
+        assert len(holds(c.trajs)) == h + 2 and not c.trajs[-1].points  # the last one out
+        assert transition(Transition.TRANSITION_ACTIVATE)
+        n = len(c.trajs)
+        assert ros.spin_until(lambda: len(c.trajs) > n + 10, 10)
+    assert len(holds(c.trajs)) == h + 2  # no hold while the inputs are fresh
 
 
 def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_node):
@@ -289,8 +335,11 @@ def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):
     stuck = OBS[0].copy()
     stuck[0] = 600.0  # above slow_above's threshold, within obs_limit: the step sleeps 3 s
     n, k = len(c.diagnostics), len(c.commands)
+    refused = int(c.latest_diag()["refused_inputs"])
     c.publish(stuck)
     t0 = time.monotonic()
+    for o in OBS[1:6]:  # the robot streams on: these wait ~3 s in the queue behind the step
+        c.publish(o)
 
     def busy(level):
         return [d for d in c.diagnostics[n:] if "engine_busy_s" in d and d["_level"] == level]
@@ -306,3 +355,11 @@ def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):
     m = len(c.diagnostics)
     assert ros.spin_until(lambda: len(c.diagnostics) > m, 3)
     assert "engine_busy_s" not in c.diagnostics[-1] and "sessions" in c.diagnostics[-1]
+    # the observations that queued behind the stuck step are older than obs_timeout_s (0.5 s):
+    # refused as stale, not stepped on (the robot got a burst of commands from seconds-old
+    # joint_states, one per queued message, right after the stall)
+    d = c.wait_diag(lambda d: int(d["refused_inputs"]) >= refused + 5)
+    assert "stale: joint_states received" in d["last_refusal"], d
+    assert len(c.commands) == k + 1, "a stale observation was stepped on"
+    c.step(OBS[7])  # a fresh one steps
+    assert len(c.commands) == k + 2

@@ -101,6 +101,7 @@ class FlashrtNode(LifecycleNode):
         self._inputs: InputLoop | None = None  # from configure to cleanup (inputs.py)
         self.defer_inputs = False  # configure leaves the start to start_inputs() (main.py)
         self._pub_cmd = self._pub_traj = None
+        self._traj_running = False  # a trajectory went out since the last hold (_hold)
         self._cb_services = ReentrantCallbackGroup()
         self._polled = PolledGroup()  # every subscription: none is the executor's (polled.py)
         self._js_sub = None
@@ -208,6 +209,7 @@ class FlashrtNode(LifecycleNode):
             )
         self._fuse_unlogged = engine.fusing  # diagnostic_array logs the build's end
         self._pub_cmd = self._pub_traj = None
+        self._traj_running = False
         if cfg.output in ("commands", "both"):
             self._pub_cmd = self.create_lifecycle_publisher(Float64MultiArray, "commands", 10)
         if cfg.output in ("joint_trajectory", "both"):
@@ -412,6 +414,7 @@ class FlashrtNode(LifecycleNode):
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         with self.control.lock:  # a step in flight finishes first; none starts after this
             self.active = False
+            self._hold()  # while the publishers are still active
         self._inputs.set_busy(False)  # inactive: it sleeps until a message or request comes
         self._stop_loop()
         self.flight.on_deactivate()
@@ -425,6 +428,7 @@ class FlashrtNode(LifecycleNode):
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
+        self._hold()  # from active: the publishers still publish
         self.control.finalized = True  # no transition leaves finalized: requests say so
         self._stop_loop()
         self._release()
@@ -566,8 +570,8 @@ class FlashrtNode(LifecycleNode):
         if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
             self.flight.seen(msg.header.stamp)
         if self.cfg.trigger == "observation" and not self._frames:
-            if self.active:
-                self._step(obs)
+            if self.active:  # its age checked too: after a stall, a backlog is not stepped on
+                self._step(obs, time.monotonic() - age)
             return
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
@@ -738,9 +742,17 @@ class FlashrtNode(LifecycleNode):
             eng = ctl.engine
             if eng is None or not self.active:  # re-checked under the lock: deactivate holds it
                 return
-            if received is not None and (
-                obs is None or time.monotonic() - received > self.cfg.obs_timeout_s
-            ):
+            # observation trigger (one step per joint_states): a stale one is refused
+            per_message = self.cfg.trigger == "observation" and not self._frames
+            age = 0.0 if received is None else time.monotonic() - received
+            if received is not None and (obs is None or age > self.cfg.obs_timeout_s):
+                self._hold()
+                if per_message:
+                    self._refuse(
+                        f"stale: joint_states received {age:.3f} s ago, older than "
+                        f"obs_timeout_s={self.cfg.obs_timeout_s:g} (not stepped on)"
+                    )
+                    return
                 self._stale("joint_states")
                 if self._cams is not None:  # counted on the stale cameras too
                     self._cams.stale(time.monotonic(), self.cfg.obs_timeout_s)
@@ -749,7 +761,8 @@ class FlashrtNode(LifecycleNode):
             if self._cams is not None:  # each camera has its own staleness
                 cam = self._cams.stale(time.monotonic(), self.cfg.obs_timeout_s)
                 if cam:
-                    if received is not None:
+                    self._hold()
+                    if not per_message:
                         self._stale(f"camera {cam}")
                     else:  # observation trigger: this joint_states is refused
                         self._refuse(
@@ -760,6 +773,7 @@ class FlashrtNode(LifecycleNode):
                 x = self._cams.observation(obs, self._state_key)
             live = ctl.live
             if eng.poisoned(live):
+                self._hold()
                 return  # nothing for a poisoned session; /diagnostics reports it each second
             try:
                 if self._pub_traj is not None:
@@ -771,6 +785,7 @@ class FlashrtNode(LifecycleNode):
                 self._forget(obs)
                 return
             except Exception as e:  # StepFault (the session is poisoned now), a device error
+                self._hold()
                 ctl.fault(f"step of {live!r}", e, step_error=True)
                 self.flight.on_step_error(eng, live)
                 return
@@ -778,6 +793,7 @@ class FlashrtNode(LifecycleNode):
         marks[3] = time.monotonic()
         self._marked = 4
         if not np.isfinite(action).all() or (chunk is not None and not np.isfinite(chunk).all()):
+            self._hold()
             ctl.fault(f"step of {live!r}: non-finite output, not published", step_error=True)
             return  # the engine raises first; this check makes sure of it at the publisher
         dt = time.monotonic() - t0
@@ -800,12 +816,23 @@ class FlashrtNode(LifecycleNode):
             self._pub_traj.publish(
                 trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
             )
+            self._traj_running = True
         marks[5] = time.monotonic()
         self._marked = 6
         with self.stats.lock:
             self.stats.steps += 1
             self.stats.step_us.add(dt * 1e6)
             self.stats.tick_times.add(t0)
+
+    def _hold(self) -> None:
+        """The robot holds, with joint_trajectory output too: a joint_trajectory_controller
+        runs the last trajectory it got to its end (a whole chunk, up to seconds ahead) unless
+        an empty one (the joint names, no points) cancels it, which is what this sends, once
+        per stop (stale inputs, a fault, deactivate). Plain commands need nothing: no command
+        is the hold."""
+        if self._traj_running and self._pub_traj is not None:
+            self._traj_running = False
+            self._pub_traj.publish(JointTrajectory(joint_names=list(self.cfg.joint_names)))
 
     def _forget(self, obs: np.ndarray | None) -> None:
         """A refused observation is not stepped on again at the next tick."""

@@ -182,3 +182,26 @@ def test_persisted_ids_never_overwrite_files_and_drop_removes_only_its_own(tmp_p
     assert (tmp_path / "loose.fcap").exists()
     eng.drop(info.id)
     assert not (tmp_path / f"{info.id}.fcap").exists()
+
+
+def test_a_drop_never_deletes_a_file_that_holds_another_capsule_by_now(tmp_path, caplog):
+    """Two nodes of one policy share a capsule_dir: B loaded A's 'grasp', A dropped it and
+    persisted a new 'grasp' (same file name). B's drop of its stale copy deleted A's new file,
+    which A still listed and would have lost at its next start."""
+    a = make_engine(capsule_dir=tmp_path)
+    run(a, OBS[:3])
+    a.checkpoint(name="grasp", persist=True)
+    b = make_engine(capsule_dir=tmp_path)  # starts later: reloads grasp.fcap
+    assert [c.name for c in b.capsules()] == ["grasp"]
+    a.drop("grasp")
+    run(a, OBS[3:8])
+    new = a.checkpoint(name="grasp", persist=True)
+    file = tmp_path / "grasp.fcap"
+    assert diskfmt.read_capsule_header(file)["stamp"] == new.stamp
+    with caplog.at_level("WARNING", logger="flashrt_ros.capsules.store"):
+        b.drop("grasp")
+    assert file.exists() and diskfmt.read_capsule_header(file)["stamp"] == new.stamp
+    assert "left in place: it no longer holds capsule" in caplog.text
+    assert [c.name for c in b.capsules()] == []  # B's copy is gone from its pool all the same
+    a.drop("grasp")  # A's own drop still removes its own file
+    assert not file.exists()

@@ -39,6 +39,18 @@ class _Owned:
     def holds(self, info: CapsuleInfo) -> bool:
         return self.stamp == info.stamp and self.checksum == info.checksum
 
+    def still_holds(self, info: CapsuleInfo) -> bool:
+        """holds(), checked on the disk too: the file may hold another capsule by now (another
+        node sharing capsule_dir dropped it and persisted a new one under the name, or a file
+        was copied in by hand); a missing or unreadable file is not this capsule's either."""
+        if not self.holds(info):
+            return False
+        try:
+            header = diskfmt.read_capsule_header(self.path)
+        except (OSError, ValueError):
+            return False
+        return header["stamp"] == info.stamp and header["checksum"] == info.checksum
+
 
 class NotLoaded(NamedTuple):
     """A file of capsule_dir the start did not load, and why."""
@@ -198,7 +210,7 @@ class CapsuleStore:
         """Remove the file a persist just wrote for a capsule that did not make it into the
         pool (only that file: the entry says which)."""
         owned = self._files.pop(info.id, None)
-        if owned is not None and owned.holds(info):
+        if owned is not None and owned.still_holds(info):
             owned.path.unlink(missing_ok=True)
 
     def adopt(self, path: str | Path, info: CapsuleInfo) -> None:
@@ -217,11 +229,18 @@ class CapsuleStore:
         owned = self._files.get(info.id)
         if owned is None:
             return
-        if owned.holds(info):
+        if owned.still_holds(info):
             try:
                 owned.path.unlink(missing_ok=True)
             except OSError as e:
                 raise BadRequest(f"cannot remove {owned.path}: {e.strerror}") from None
+        elif owned.holds(info) and os.path.lexists(owned.path):
+            log.warning(
+                "capsule file %s left in place: it no longer holds capsule %s (replaced since "
+                "it was written or loaded)",
+                owned.path,
+                info.label(),
+            )
         del self._files[info.id]
 
     def repin(self, info: CapsuleInfo) -> None:

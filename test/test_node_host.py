@@ -195,6 +195,41 @@ def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
         ros.node.destroy_subscription(sub)
 
 
+def test_log_lines_naming_a_file_that_is_not_utf8_still_reach_rosout(ros, owner, capfd):
+    """A capsule file copied from a FAT stick has a name that is not UTF-8: Python keeps its
+    bytes as surrogates, which rcutils' logger refused, so the core's "not loaded" warning
+    became a "--- Logging error ---" traceback on stderr and never reached /rosout."""
+    import logging
+
+    from rcl_interfaces.msg import Log
+    from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
+
+    from flashrt_ros.node.logs import FastLog, forward_core_logs
+
+    got: list = []
+    qos = QoSProfile(
+        depth=100,
+        reliability=QoSReliabilityPolicy.RELIABLE,
+        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+    )
+    sub = ros.node.create_subscription(Log, "/rosout", got.append, qos)
+    undo = forward_core_logs(owner.get_logger())
+    try:
+        assert ros.spin_until(lambda: sub.get_publisher_count() > 0, 10.0)
+        name = b"/caps/\xff\xfe.fcap".decode("utf-8", "surrogateescape")
+        logging.getLogger("flashrt_ros.capsules.store").warning("capsule file %s not loaded", name)
+        FastLog(owner.get_logger()).warning(f"refused: {name}")
+        want = {
+            "[capsules.store] capsule file /caps/\\udcff\\udcfe.fcap not loaded",
+            "refused: /caps/\\udcff\\udcfe.fcap",
+        }
+        assert ros.spin_until(lambda: want <= {m.msg for m in got}, 10.0), [m.msg for m in got]
+        assert "Logging error" not in capfd.readouterr().err
+    finally:
+        undo()
+        ros.node.destroy_subscription(sub)
+
+
 def _here() -> int:
     import sys
 

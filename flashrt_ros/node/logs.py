@@ -35,6 +35,17 @@ except (ImportError, AttributeError):  # pragma: no cover - another rclpy: its l
     _emit = _enabled = None
 
 
+def printable(text: str) -> str:
+    """`text` as the C logger takes it. A file name that is not UTF-8 (a capsule copied from a
+    FAT stick) reaches Python as surrogates, which rcutils' logging refuses: the whole line was
+    lost to a "Logging error" traceback on stderr. Such characters are written escaped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 class FastLog:
     """`info`/`warning`/`error` of an rclpy logger (`node.get_logger()`), minus the lookup."""
 
@@ -43,14 +54,17 @@ class FastLog:
         self.name = logger.name
 
     def info(self, text: str) -> None:
+        text = printable(text)
         if not self._write(LoggingSeverity.INFO, text):
             self.logger.info(text)  # one call site per severity: rclpy insists on it
 
     def warning(self, text: str) -> None:
+        text = printable(text)
         if not self._write(LoggingSeverity.WARN, text):
             self.logger.warning(text)
 
     def error(self, text: str) -> None:
+        text = printable(text)
         if not self._write(LoggingSeverity.ERROR, text):
             self.logger.error(text)
 
@@ -93,7 +107,9 @@ class RosLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = f"[{record.name.removeprefix(CORE_LOGGER + '.')}] {self.format(record)}"
+            text = printable(
+                f"[{record.name.removeprefix(CORE_LOGGER + '.')}] {self.format(record)}"
+            )
             severity = _severity(record.levelno)
             if _emit is not None:
                 if _enabled(self.name_, severity):

@@ -205,3 +205,19 @@ def test_a_drop_never_deletes_a_file_that_holds_another_capsule_by_now(tmp_path,
     assert [c.name for c in b.capsules()] == []  # B's copy is gone from its pool all the same
     a.drop("grasp")  # A's own drop still removes its own file
     assert not file.exists()
+
+
+def test_a_missing_capsule_dir_is_created_and_a_file_in_its_place_refused(tmp_path):
+    """A fresh robot has no capsule folder yet: the start made the node exit 2 ("is not a
+    folder") while its flight dumps create theirs. A file where the folder should be is still
+    refused, as is a folder that cannot be made."""
+    d = tmp_path / "robot" / "capsules"
+    eng = make_engine(capsule_dir=d)
+    assert d.is_dir() and eng.capsules() == []
+    info = eng.checkpoint(name="first", persist=True)
+    assert (d / "first.fcap").exists() and info.name == "first"
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match="not a folder"):
+        make_engine(capsule_dir=tmp_path / "afile")
+    with pytest.raises(ValueError, match="cannot create capsule_dir"):
+        make_engine(capsule_dir=tmp_path / "afile" / "below")

@@ -270,6 +270,13 @@ class CapsuleStore:
         d = self.folder
         if d is None:
             return
+        if not os.path.lexists(d):  # a fresh robot: made, as the flight dumps make theirs
+            try:
+                d.mkdir(parents=True)
+            except OSError as e:
+                raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
+            log.info("capsule_dir %s did not exist: created it (no capsule to reload)", d)
+            return
         if not d.is_dir():
             raise BadRequest(f"capsule_dir {d} is not a folder")
         try:

@@ -714,7 +714,9 @@ NODE_PARAMS = ParamTable(
             "obs_timeout_s",
             0.5,
             "double",
-            "older observations are stale: no step, no command, the robot holds",
+            "older observations are stale: no step, no command, the robot holds (observation "
+            "trigger: a joint_states received longer ago, one that queued behind a stall, is "
+            "refused as stale, not stepped on)",
             lo=0.001,
             hi=60.0,
             live=True,
@@ -789,7 +791,7 @@ NODE_PARAMS = ParamTable(
             "capsule_dir",
             "",
             "string",
-            "folder for persisted capsules, reloaded at configure ('' = none)",
+            "folder for persisted capsules, reloaded at configure ('' = none; made when missing)",
         ),
         Param(
             "compile_cache_dir",

@@ -180,9 +180,9 @@ def _main(args: Sequence[str] | None) -> int:
         # The inputs' loop (inputs.py) and the services' node, served by a loop and a thread of
         # their own (host.py says why), started only now: an observation that came during the
         # autostart transitions waits for the node to be active (it is stepped if still newer
-        # than obs_timeout_s, not dropped as one to an inactive node), and a client that got an answer knows the transitions are
-        # done (the node steps on what it is sent next), as when all of it shared the executor,
-        # which was not spinning yet.
+        # than obs_timeout_s, not dropped as one to an inactive node), and a client that got an
+        # answer knows the transitions are done (the node steps on what it is sent next), as
+        # when all of it shared the executor, which was not spinning yet.
         node.defer_inputs = False
         services = node.service_host
         services.start()  # first: the inputs' loop of observation mode borrows them (inputs.py)

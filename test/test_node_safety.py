@@ -105,8 +105,10 @@ def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_res
         fresh.publish(o)
     fresh.ros.spin_for(0.5)
     assert len(fresh.commands) == n
-    # no trajectory either, but the one empty trajectory that cancels the last one (the hold)
-    assert len(fresh.trajs) == nt + 1 and holds(fresh.trajs) == fresh.trajs[nt:]
+    # no trajectory either: at most the one empty trajectory that cancels the last one (the
+    # hold; sent already if the checkpoint came over obs_timeout_s after the last step)
+    assert len(fresh.trajs) <= nt + 1 and holds(fresh.trajs[nt:]) == fresh.trajs[nt:]
+    assert not fresh.trajs[-1].points
     assert fresh.ros.spin_until(lambda: "poisoned" in fresh.proc.log_tail(), 3)  # logged
     r = fresh.call("rollout", observations=OBS[0].tolist(), n_steps=1)  # no state to fork
     assert not r.success and "poisoned" in r.message and "fault" not in r.message, r.message
@@ -125,6 +127,23 @@ def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_res
     assert finite_rows(fresh.commands)
     assert all(finite_rows(p.positions for p in t.points) for t in fresh.trajs)
     fresh.call("drop_capsule", capsule="good")
+
+
+def test_observation_trigger_holds_the_trajectory_once_the_inputs_stop(fresh):
+    """Observation trigger: when joint_states stop (a driver died), no message comes to step
+    on, so no step finds them stale; the node still sends the hold (one empty trajectory) once
+    no trajectory went out for obs_timeout_s (0.5 s), and only once."""
+    h = len(holds(fresh.trajs))
+    fresh.run(OBS[:5])
+    t0 = time.monotonic()
+    assert fresh.ros.spin_until(lambda: len(holds(fresh.trajs)) == h + 1, 3.0)
+    waited = time.monotonic() - t0
+    assert waited > 0.3, waited  # not before the inputs were stale (obs_timeout_s 0.5)
+    assert not fresh.trajs[-1].points and list(fresh.trajs[-1].joint_names) == JOINTS
+    fresh.ros.spin_for(1.2)
+    assert len(holds(fresh.trajs)) == h + 1  # once per stop
+    fresh.run(OBS[5:7])  # the stream is back: trajectories again, then one more hold
+    assert fresh.ros.spin_until(lambda: len(holds(fresh.trajs)) == h + 2, 3.0)
 
 
 def test_rollout_faults_and_size_bounds_answer_cleanly(fresh):
@@ -247,6 +266,22 @@ def test_joint_trajectory_output_is_cancelled_when_the_robot_must_hold(timer_nod
         n = len(c.trajs)
         assert ros.spin_until(lambda: len(c.trajs) > n + 10, 10)
     assert len(holds(c.trajs)) == h + 2  # no hold while the inputs are fresh
+    # with publish_offset_s a tick's output waits, out of the engine lock, for its phase: a
+    # deactivate in that window sent its hold first, and the tick's whole chunk after it (6 of
+    # 6 cycles at 10 Hz with a 90 ms offset, review); the hold must be the last message
+    assert _set(ros, c.proc, publish_offset_s=0.004) == [(True, "")]  # 4 of the 5 ms period
+    try:
+        with feeding(c, OBS, hz=200.0):
+            for cycle in range(6):
+                n = len(c.trajs)
+                assert ros.spin_until(lambda n=n: len(c.trajs) > n + 5, 10), cycle
+                time.sleep(0.001 * cycle)  # another phase of the tick each time
+                assert transition(Transition.TRANSITION_DEACTIVATE)
+                ros.spin_for(0.3)
+                assert not c.trajs[-1].points, f"cycle {cycle}: a chunk went out after the hold"
+                assert transition(Transition.TRANSITION_ACTIVATE)
+    finally:
+        assert _set(ros, c.proc, publish_offset_s=0.0) == [(True, "")]
 
 
 def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_node):

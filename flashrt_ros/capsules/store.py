@@ -271,12 +271,11 @@ class CapsuleStore:
         if d is None:
             return
         if not os.path.lexists(d):  # a fresh robot: made, as the flight dumps make theirs
-            try:
-                d.mkdir(parents=True)
+            try:  # another node sharing it may make it first: then it is there, fine
+                d.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
-            log.info("capsule_dir %s did not exist: created it (no capsule to reload)", d)
-            return
+            log.info("capsule_dir %s did not exist: created it", d)
         if not d.is_dir():
             raise BadRequest(f"capsule_dir {d} is not a folder")
         try:

@@ -102,6 +102,9 @@ class FlashrtNode(LifecycleNode):
         self.defer_inputs = False  # configure leaves the start to start_inputs() (main.py)
         self._pub_cmd = self._pub_traj = None
         self._traj_running = False  # a trajectory went out since the last hold (_hold)
+        self._traj_at = 0.0  # when the last one went out (monotonic)
+        # output and hold in order: no step's output goes out after deactivate's hold
+        self._out_lock = threading.Lock()
         self._cb_services = ReentrantCallbackGroup()
         self._polled = PolledGroup()  # every subscription: none is the executor's (polled.py)
         self._js_sub = None
@@ -285,6 +288,8 @@ class FlashrtNode(LifecycleNode):
             host,
             after_drain=self._step_if_due if frames else None,
             acknowledge=None if timer or self._cams is None else self._cams.acknowledge,
+            # observation trigger: inputs that stop make no step that could find them stale
+            watch=None if timer or self._pub_traj is None else self._hold_when_stopped,
         )
         if not self.defer_inputs:
             self._start_inputs()
@@ -414,7 +419,7 @@ class FlashrtNode(LifecycleNode):
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         with self.control.lock:  # a step in flight finishes first; none starts after this
             self.active = False
-            self._hold()  # while the publishers are still active
+        self._hold()  # after any output in flight (_out_lock), while the publishers still work
         self._inputs.set_busy(False)  # inactive: it sleeps until a message or request comes
         self._stop_loop()
         self.flight.on_deactivate()
@@ -428,7 +433,7 @@ class FlashrtNode(LifecycleNode):
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
-        self._hold()  # from active: the publishers still publish
+        self._hold()  # from active: the publishers still publish (after any output in flight)
         self.control.finalized = True  # no transition leaves finalized: requests say so
         self._stop_loop()
         self._release()
@@ -806,17 +811,21 @@ class FlashrtNode(LifecycleNode):
             while time.monotonic() < publish_at:
                 pass
         marks[4] = time.monotonic()
-        if self._pub_cmd is not None:
-            self._pub_cmd.publish(command_msg(action))
+        msg = None
+        if chunk is not None:
+            stamp = self.get_clock().now().to_msg()
+            msg = trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
+        with self._out_lock:  # deactivated since the step (its hold sent): nothing goes out
+            if not self.active:
+                return
+            if self._pub_cmd is not None:
+                self._pub_cmd.publish(command_msg(action))
+            if msg is not None:
+                self._pub_traj.publish(msg)
+                self._traj_running, self._traj_at = True, time.monotonic()
         if self.process_t0 is not None:  # the first command of the process: say when
             t, self.process_t0 = self.process_t0, None
             self.get_logger().info(f"first command {time.monotonic() - t:.2f} s after start")
-        if chunk is not None:
-            stamp = self.get_clock().now().to_msg()
-            self._pub_traj.publish(
-                trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
-            )
-            self._traj_running = True
         marks[5] = time.monotonic()
         self._marked = 6
         with self.stats.lock:
@@ -830,9 +839,22 @@ class FlashrtNode(LifecycleNode):
         an empty one (the joint names, no points) cancels it, which is what this sends, once
         per stop (stale inputs, a fault, deactivate). Plain commands need nothing: no command
         is the hold."""
-        if self._traj_running and self._pub_traj is not None:
-            self._traj_running = False
-            self._pub_traj.publish(JointTrajectory(joint_names=list(self.cfg.joint_names)))
+        with self._out_lock:
+            if self._traj_running and self._pub_traj is not None:
+                self._traj_running = False
+                self._pub_traj.publish(JointTrajectory(joint_names=list(self.cfg.joint_names)))
+
+    def _hold_when_stopped(self) -> float | None:
+        """Observation trigger (InputLoop.watch): inputs that stop make no step, so no step
+        finds them stale; the trajectory is held once none went out for obs_timeout_s. Seconds
+        until the next look, None when nothing runs."""
+        if not self._traj_running:
+            return None
+        left = self._traj_at + self.cfg.obs_timeout_s - time.monotonic()
+        if left > 0:
+            return left
+        self._hold()
+        return None
 
     def _forget(self, obs: np.ndarray | None) -> None:
         """A refused observation is not stepped on again at the next tick."""

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from flashrt_ros.node.polled import take
-from flashrt_ros.node.waitloop import WaitLoop
+from flashrt_ros.node.waitloop import WAKE_NS, WaitLoop
 
 
 class InputLoop(WaitLoop):
@@ -52,12 +52,16 @@ class InputLoop(WaitLoop):
         host=None,
         after_drain: Callable[[], None] | None = None,
         acknowledge: Callable[[], None] | None = None,
+        watch: Callable[[], float | None] | None = None,
     ) -> None:
         super().__init__(context, log)
         self.drained = list(drained)
         self.stepping = stepping
         self.after_drain = after_drain
         self.acknowledge = acknowledge
+        # called before each wait: does what is due (the node's trajectory hold when the inputs
+        # stopped) and says in how many seconds it wants to be called again (None: no hurry)
+        self.watch = watch
         self.host = host  # a ServiceHost whose services this loop answers (observation mode)
         self._served: tuple[list, list] | None = None  # what it borrowed: guards, services
         self.lock = threading.Lock()
@@ -69,6 +73,16 @@ class InputLoop(WaitLoop):
                 super()._wait_loop()
             finally:
                 self._served = None
+
+    def _wait_ns(self) -> int:
+        if self.watch is None:
+            return WAKE_NS
+        try:
+            left = self.watch()
+        except Exception as e:  # as a handler that raises: logged, the loop goes on
+            self.log.error(f"watch: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
+            return WAKE_NS
+        return WAKE_NS if left is None else max(1, min(WAKE_NS, int(left * 1e9)))
 
     def _entities(self) -> tuple[list, list, list]:
         subs = [*self.drained, *([self.stepping] if self.stepping is not None else [])]

@@ -124,7 +124,12 @@ class WaitLoop:
         precise_sleeps()
         with self.waiting() as wait:
             while not self.stopping():
-                wait(0 if self.busy else WAKE_NS, self.stopping)
+                ns = self._wait_ns()  # every look, busy too: a due watch is not put off
+                wait(0 if self.busy else ns, self.stopping)
+
+    def _wait_ns(self) -> int:
+        """How long the next wait may sleep when nothing comes."""
+        return WAKE_NS
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[Callable[..., None]]:

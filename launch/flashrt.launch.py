@@ -8,6 +8,9 @@ fastdds_profile:=auto (the default) gives the node config/fastdds_images.xml as 
 profile (camera images over shared memory whole; the file says why) unless the environment
 already names one in FASTDDS_DEFAULT_PROFILES_FILE; a path uses that file; an empty value leaves
 the environment alone.
+
+A params_file:= that names no file stops the launch with an error (launch_ros alone would warn
+and start the node on its defaults: another policy, rate and joints than the robot's).
 """
 
 import os
@@ -19,7 +22,7 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from flashrt_ros.node.fastdds import PROFILE_VAR, fastdds_env, installed_profile
-from flashrt_ros.node.params import NODE_PARAMS
+from flashrt_ros.node.params import NODE_PARAMS, checked_params_file
 
 
 def _override(name: str) -> str:
@@ -43,7 +46,11 @@ def _node(context):
             executable="flashrt_node",
             name="flashrt",
             namespace=LaunchConfiguration("namespace"),
-            parameters=[LaunchConfiguration("params_file"), overrides],
+            # a missing file is an error: launch_ros would warn and start the node on defaults
+            parameters=[
+                checked_params_file(LaunchConfiguration("params_file").perform(context)),
+                overrides,
+            ],
             remappings=[
                 ("joint_states", LaunchConfiguration("joint_states_topic")),
                 ("commands", LaunchConfiguration("commands_topic")),

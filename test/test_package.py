@@ -93,6 +93,9 @@ def test_launch_file_declares_args_and_default_params():
     # the default params file is share/flashrt_ros/config/flashrt.yaml
     assert "config" in strings and "flashrt.yaml" in strings
     assert (REPO_ROOT / "config" / "flashrt.yaml").is_file()
+    # a params_file:= naming no file is an error, not a node started on its defaults
+    called = {getattr(n.func, "id", None) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "checked_params_file" in called
     installed = INSTALL_PREFIX / "share" / "flashrt_ros" / "config" / "flashrt.yaml"
     assert installed.is_file(), "config not installed: run `make setup`"
     params = yaml.safe_load(installed.read_text())["/**"]["ros__parameters"]

@@ -445,3 +445,60 @@ def test_a_p_rule_under_a_section_naming_the_node_is_reported_with_its_real_caus
         assert "another type" not in log, log
     finally:
         proc.stop()
+
+
+def test_params_file_sections_that_miss_the_node_are_reported(tmp_path):
+    """rcl applies no section of a params file that names another node, and says nothing: a
+    file keyed `flashrt:` (that is /flashrt) for /arm/flashrt left the node on its defaults."""
+    from flashrt_ros.node.params import checked_params_file, unmatched_params_files
+
+    def warns(text: str, fqn: str) -> list[str]:
+        f = tmp_path / "p.yaml"
+        f.write_text(text)
+        return unmatched_params_files(["x", "--ros-args", "--params-file", str(f)], fqn)
+
+    body = ":\n  ros__parameters:\n    rate_hz: 50.0\n"
+    (w,) = warns("flashrt" + body, "/arm/flashrt")
+    assert "no section applies to this node /arm/flashrt" in w and "flashrt" in w
+    for key in ("/**", "/arm/flashrt", "/*/flashrt", "/**/flashrt", "arm/flashrt"):
+        assert warns(key + body, "/arm/flashrt") == [], key
+    assert warns("flashrt" + body, "/flashrt") == []
+    assert warns("/left/flashrt" + body + "/right/flashrt" + body, "/arm/flashrt")
+    assert unmatched_params_files(["x", "--params-file", "nope.yaml"], "/flashrt") == []
+    assert checked_params_file(str(tmp_path / "p.yaml")) == str(tmp_path / "p.yaml")
+    with pytest.raises(FileNotFoundError, match="params_file:=.*act.yml: no such file"):
+        checked_params_file(str(tmp_path / "act.yml"))
+
+
+def test_a_node_says_what_went_wrong_at_the_command_line(tmp_path, ros_domain):
+    """One clear line, no traceback: a namespace rcl refuses (exit 2; it was a traceback and
+    exit 1), `--help` piped into `head` (a BrokenPipeError traceback, exit 1), and a node
+    started with a params file for another node name and autostart false says both."""
+    bad_ns = launch_node({"device": "cpu"}, ["-r", "__ns:=/arm/"], log_dir=tmp_path / "ns")
+    arm = tmp_path / "arm.yaml"
+    arm.write_text("flashrt:\n  ros__parameters:\n    rate_hz: 50.0\n")
+    waiting = launch_node(
+        {"device": "cpu", "autostart": False},
+        ["--params-file", str(arm)],
+        log_dir=tmp_path / "arm",
+        namespace="arm",
+    )
+    try:
+        help_ = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {sys.executable} {NODE_EXECUTABLE} --help | head -1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert help_.returncode == 0 and "Traceback" not in help_.stderr, help_.stderr
+        assert _wait(bad_ns) == 2, bad_ns.log_tail()
+        log = bad_ns.log_path.read_text(errors="replace")
+        assert "the node cannot be made" in log and "Traceback" not in log, log
+        end = time.monotonic() + 60
+        while "waiting for a lifecycle configure" not in (log := waiting.log_tail(200)):
+            assert time.monotonic() < end and waiting.alive(), log
+            time.sleep(0.2)
+        assert "no section applies to this node /arm/flashrt" in log, log
+    finally:
+        bad_ns.stop()
+        waiting.stop()

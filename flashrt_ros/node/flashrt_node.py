@@ -437,6 +437,10 @@ class FlashrtNode(LifecycleNode):
         self.control.finalized = True  # no transition leaves finalized: requests say so
         self._stop_loop()
         self._release()
+        self.get_logger().info(
+            "finalized (lifecycle shutdown): no more commands, the robot holds; restart the "
+            "process to serve again"
+        )
         return super().on_shutdown(state)
 
     def _stop_loop(self) -> None:

@@ -127,6 +127,8 @@ class InputLoop(WaitLoop):
         try:
             hook()
         except Exception as e:  # as a handler that raises: logged, the loop goes on
+            if self.stopping():  # the context shut down under it (Ctrl-C): nothing wrong
+                return
             self.log.error(f"{what}: {type(e).__name__}: {e}", throttle_duration_sec=1.0)
 
     def _take(self, sub) -> tuple[object, float] | None:
@@ -145,6 +147,8 @@ class InputLoop(WaitLoop):
         try:
             sub.callback(*got)
         except Exception as e:  # one bad message never ends the loop
+            if self.stopping():  # a publish on the context Ctrl-C just shut down: no error
+                return
             self.log.error(
                 f"{sub.topic_name}: handler raised {type(e).__name__}: {e}",
                 throttle_duration_sec=1.0,

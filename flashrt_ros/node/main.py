@@ -68,13 +68,17 @@ def _check_parameters(argv: Sequence[str]):
     same name (so the same remaps and params-file sections apply) before torch is imported."""
     import rclpy
 
-    from flashrt_ros.node.params import NODE_PARAMS
+    from flashrt_ros.node.params import NODE_PARAMS, ParamError
 
-    probe = rclpy.create_node("flashrt", enable_rosout=False, start_parameter_services=False)
     try:
-        return NODE_PARAMS.check(probe, argv)
+        probe = rclpy.create_node("flashrt", enable_rosout=False, start_parameter_services=False)
+    except Exception as e:  # rcl refuses the name or namespace a remap gives (RCLError)
+        raise ParamError([f"the node cannot be made: {e}"]) from None
+    try:
+        cfg = NODE_PARAMS.check(probe, argv)
     finally:
         probe.destroy_node()
+    return cfg
 
 
 def process_age_s() -> float:
@@ -102,7 +106,10 @@ def _main(args: Sequence[str] | None) -> int:
     from flashrt_ros.node.params import wants_help
 
     if wants_help(argv):
-        print(usage())
+        try:
+            print(usage(), flush=True)
+        except BrokenPipeError:  # `flashrt_node --help | head`: the reader had enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     t_start = time.monotonic() - process_age_s()
     interrupts = _Interrupts()
@@ -177,6 +184,11 @@ def _main(args: Sequence[str] | None) -> int:
                 node.get_logger().fatal("autostart: configure failed (see above); exiting")
                 return 2
             node.trigger_activate()
+        else:
+            node.get_logger().info(
+                "unconfigured (autostart: false): waiting for a lifecycle configure, e.g. "
+                f"ros2 lifecycle set {node.get_fully_qualified_name()} configure"
+            )
         # The inputs' loop (inputs.py) and the services' node, served by a loop and a thread of
         # their own (host.py says why), started only now: an observation that came during the
         # autostart transitions waits for the node to be active (it is stepped if still newer

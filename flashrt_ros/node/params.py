@@ -18,6 +18,7 @@ import difflib
 import fnmatch
 import json
 import math
+import os
 import re
 import sys
 import textwrap
@@ -386,6 +387,9 @@ class ParamTable:
             node.get_logger().warning(
                 f"unknown parameter {n!r} ignored{hint}; parameters: {', '.join(self.names)}"
             )
+        fqn = node.get_fully_qualified_name()
+        for warning in unmatched_params_files(sys.argv if argv is None else argv, fqn):
+            node.get_logger().warning(warning)
 
         node.add_pre_set_parameters_callback(self._coerce)
         node.add_on_set_parameters_callback(lambda ps: self._check_set(node, ps))
@@ -481,6 +485,51 @@ def _overrides(node) -> dict[str, Any]:
     """What rcl parsed from --params-file and -p for this node. rclpy offers no public
     accessor; the attribute has been there since Dashing."""
     return {n: q.value for n, q in getattr(node, "_parameter_overrides", {}).items()}
+
+
+def checked_params_file(path: str) -> str:
+    """The launch file's params_file, or FileNotFoundError: launch_ros only warns about a
+    missing file and starts the node on its defaults (another policy, rate and joints than the
+    robot's, from a typo in the path)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"params_file:={path}: no such file")
+    return path
+
+
+def _section_matches(key: str, fqn: str) -> bool:
+    """Whether a params file section applies to the node `fqn` (/ns/name), as rcl reads it:
+    a key without a leading / is under /, `*` is one name, `**` any number of them."""
+    key = key if key.startswith("/") else "/" + key
+    pattern = re.escape(key).replace(r"/\*\*", "(/.*)?").replace(r"\*", "[^/]*")
+    return re.fullmatch(pattern, fqn) is not None
+
+
+def unmatched_params_files(argv: Sequence[str], fqn: str) -> list[str]:
+    """A warning for each --params-file none of whose sections applies to the node `fqn`:
+    rcl applies none of it and says nothing, so a file keyed `flashrt:` (which is /flashrt)
+    for a node in a namespace left the node on its defaults, silently."""
+    import yaml
+
+    out, in_ros = [], False
+    for i, a in enumerate(argv):
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--" and in_ros:
+            in_ros = False
+        elif in_ros and a == "--params-file" and i + 1 < len(argv):
+            path = argv[i + 1]
+            try:
+                with open(path) as f:
+                    doc = yaml.safe_load(f)
+            except (OSError, yaml.YAMLError):
+                continue  # rcl reads it first and says what is wrong
+            keys = [str(k) for k in doc] if isinstance(doc, dict) else []
+            if keys and not any(_section_matches(k, fqn) for k in keys):
+                out.append(
+                    f"params file {path}: no section applies to this node {fqn} (its sections: "
+                    f"{', '.join(keys)}), so none of its values is used; key it /**: or {fqn}:"
+                )
+    return out
 
 
 def wants_help(argv: Sequence[str]) -> bool:

@@ -491,6 +491,15 @@ def test_a_node_says_what_went_wrong_at_the_command_line(tmp_path, ros_domain):
             timeout=60,
         )
         assert help_.returncode == 0 and "Traceback" not in help_.stderr, help_.stderr
+        sim = subprocess.run(
+            [sys.executable, str(NODE_EXECUTABLE.with_name("flashrt_sim_arm"))]
+            + ["--ros-args", "-r", "__ns:=/arm/"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sim.returncode == 2 and "Traceback" not in sim.stderr, sim.stderr
+        assert "flashrt_sim_arm: error:" in sim.stderr, sim.stderr
         assert _wait(bad_ns) == 2, bad_ns.log_tail()
         log = bad_ns.log_path.read_text(errors="replace")
         assert "the node cannot be made" in log and "Traceback" not in log, log

@@ -209,7 +209,11 @@ def main(args: list[str] | None = None) -> int:
         return 2
     node = None
     try:
-        node = SimArmNode()
+        try:
+            node = SimArmNode()
+        except RuntimeError as exc:  # rcl refuses the name or namespace a remap gives
+            print(f"flashrt_sim_arm: error: {exc}", file=sys.stderr)
+            return 2
         rclpy.spin(node)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

@@ -147,20 +147,27 @@ def test_after_replies_runs_on_the_serving_thread_once_the_reply_is_sent(ros, ow
         host.destroy()
 
 
-def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
+def _rosout(ros, got: list):
+    """A subscription to /rosout appending each Log to `got` (latched, as rcl publishes it)."""
     from rcl_interfaces.msg import Log
-    from rclpy.logging import LoggingSeverity
     from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
 
-    from flashrt_ros.node.logs import FastLog
-
-    got: list = []
     qos = QoSProfile(
         depth=100,
         reliability=QoSReliabilityPolicy.RELIABLE,
         durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
     )
-    sub = ros.node.create_subscription(Log, "/rosout", got.append, qos)
+    return ros.node.create_subscription(Log, "/rosout", got.append, qos)
+
+
+def test_fast_log_lines_reach_rosout_with_their_caller_and_level(ros, owner):
+    from rcl_interfaces.msg import Log
+    from rclpy.logging import LoggingSeverity
+
+    from flashrt_ros.node.logs import FastLog
+
+    got: list = []
+    sub = _rosout(ros, got)
     try:
         pub_ready = ros.spin_until(lambda: sub.get_publisher_count() > 0, 10.0)
         assert pub_ready
@@ -201,18 +208,10 @@ def test_log_lines_naming_a_file_that_is_not_utf8_still_reach_rosout(ros, owner,
     became a "--- Logging error ---" traceback on stderr and never reached /rosout."""
     import logging
 
-    from rcl_interfaces.msg import Log
-    from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
-
     from flashrt_ros.node.logs import FastLog, forward_core_logs
 
     got: list = []
-    qos = QoSProfile(
-        depth=100,
-        reliability=QoSReliabilityPolicy.RELIABLE,
-        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
-    )
-    sub = ros.node.create_subscription(Log, "/rosout", got.append, qos)
+    sub = _rosout(ros, got)
     undo = forward_core_logs(owner.get_logger())
     try:
         assert ros.spin_until(lambda: sub.get_publisher_count() > 0, 10.0)

@@ -353,7 +353,7 @@ def test_ctrl_c_while_observations_stream_ends_without_an_error(ros):
     runs at 500 Hz, review)."""
     from test.node_client import feeding
 
-    for round_ in range(3):
+    for round_ in range(2):
         proc = ros.start_node({"trigger": "observation"}, namespace=f"stopping{round_}")
         c = NodeClient(ros, proc)
         with feeding(c, OBS, hz=1000.0):

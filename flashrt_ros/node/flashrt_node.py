@@ -815,17 +815,16 @@ class FlashrtNode(LifecycleNode):
             while time.monotonic() < publish_at:
                 pass
         marks[4] = time.monotonic()
-        msg = None
-        if chunk is not None:
-            stamp = self.get_clock().now().to_msg()
-            msg = trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
         with self._out_lock:  # deactivated since the step (its hold sent): nothing goes out
             if not self.active:
                 return
-            if self._pub_cmd is not None:
+            if self._pub_cmd is not None:  # first: the command waits for no trajectory
                 self._pub_cmd.publish(command_msg(action))
-            if msg is not None:
-                self._pub_traj.publish(msg)
+            if chunk is not None:
+                stamp = self.get_clock().now().to_msg()
+                self._pub_traj.publish(
+                    trajectory_msg(chunk, self.cfg.joint_names, 1.0 / self.cfg.rate_hz, stamp)
+                )
                 self._traj_running, self._traj_at = True, time.monotonic()
         if self.process_t0 is not None:  # the first command of the process: say when
             t, self.process_t0 = self.process_t0, None

@@ -119,6 +119,7 @@ class FlashrtNode(LifecycleNode):
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
+        self._per_message = False  # observation trigger, one step per joint_states message
         self._unheard_logged: set[str] = set()  # publishers the QoS check has warned about
         self._frame_at = 0.0  # frame steps: when the last frame set was due (monotonic)
         self._frame_gap = 0.0  # and the time since the one before (a stale one's stale_s)
@@ -223,6 +224,7 @@ class FlashrtNode(LifecycleNode):
         timer = cfg.trigger == "timer"
         # frame steps: the joint_states is a sampled input, as in timer mode (newest wins)
         self._frames = frames = not timer and tuple(cfg.step_on) != ("joint_states",)
+        self._per_message = not timer and not frames
         if cameras:
             # imported here: it loads rosbags' decoder, ~45 ms of start-up without cameras
             from flashrt_ros.node.cameras import Cameras
@@ -578,7 +580,7 @@ class FlashrtNode(LifecycleNode):
             return
         if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
             self.flight.seen(msg.header.stamp)
-        if self.cfg.trigger == "observation" and not self._frames:
+        if self._per_message:
             if self.active:  # its age checked too: after a stall, a backlog is not stepped on
                 self._step(obs, time.monotonic() - age)
             return
@@ -751,12 +753,10 @@ class FlashrtNode(LifecycleNode):
             eng = ctl.engine
             if eng is None or not self.active:  # re-checked under the lock: deactivate holds it
                 return
-            # observation trigger (one step per joint_states): a stale one is refused
-            per_message = self.cfg.trigger == "observation" and not self._frames
             age = 0.0 if received is None else time.monotonic() - received
             if received is not None and (obs is None or age > self.cfg.obs_timeout_s):
                 self._hold()
-                if per_message:
+                if self._per_message:  # one step per joint_states: this one is refused
                     self._refuse(
                         f"stale: joint_states received {age:.3f} s ago, older than "
                         f"obs_timeout_s={self.cfg.obs_timeout_s:g} (not stepped on)"
@@ -771,7 +771,7 @@ class FlashrtNode(LifecycleNode):
                 cam = self._cams.stale(time.monotonic(), self.cfg.obs_timeout_s)
                 if cam:
                     self._hold()
-                    if not per_message:
+                    if not self._per_message:
                         self._stale(f"camera {cam}")
                     else:  # observation trigger: this joint_states is refused
                         self._refuse(

@@ -510,14 +510,9 @@ def unmatched_params_files(argv: Sequence[str], fqn: str) -> list[str]:
     for a node in a namespace left the node on its defaults, silently."""
     import yaml
 
-    out, in_ros = [], False
-    for i, a in enumerate(argv):
-        if a == "--ros-args":
-            in_ros = True
-        elif a == "--" and in_ros:
-            in_ros = False
-        elif in_ros and a == "--params-file" and i + 1 < len(argv):
-            path = argv[i + 1]
+    out = []
+    for a, path in ros_arg_options(argv):
+        if a == "--params-file":
             try:
                 with open(path) as f:
                     doc = yaml.safe_load(f)
@@ -544,6 +539,20 @@ def cli_overrides(argv: Sequence[str], node_name: str) -> dict[str, tuple[str, A
     come after the last --params-file (a later file's `/**` values replace them; a section
     naming the node, in any file, wins over them): name -> (text, value)."""
     rules: dict[str, tuple[str, Any]] = {}
+    for a, arg in ros_arg_options(argv):
+        if a == "--params-file":
+            rules.clear()
+        elif a in ("-p", "--param") and ":=" in arg:
+            lhs, raw = arg.split(":=", 1)
+            target, _, name = lhs.rpartition(":")
+            if not target or fnmatch.fnmatch(node_name, target.lstrip("/")):
+                rules[name] = (raw, rcl_value(raw))
+    return rules
+
+
+def ros_arg_options(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """(option, value) of each option that takes a value in the --ros-args sections of argv,
+    in order (a section ends at `--`)."""
     in_ros, i = False, 0
     while i < len(argv):
         a = argv[i]
@@ -552,17 +561,9 @@ def cli_overrides(argv: Sequence[str], node_name: str) -> dict[str, tuple[str, A
         elif a == "--" and in_ros:
             in_ros = False
         elif in_ros and a in _ROS_ARG_OPTIONS and i + 1 < len(argv):
-            arg = argv[i + 1]
-            if a == "--params-file":
-                rules.clear()
-            elif a in ("-p", "--param") and ":=" in arg:
-                lhs, raw = arg.split(":=", 1)
-                target, _, name = lhs.rpartition(":")
-                if not target or fnmatch.fnmatch(node_name, target.lstrip("/")):
-                    rules[name] = (raw, rcl_value(raw))
+            yield a, argv[i + 1]
             i += 1
         i += 1
-    return rules
 
 
 _RCL_TRUE = {"Y", "y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"}

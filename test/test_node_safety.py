@@ -132,7 +132,8 @@ def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_res
 def test_observation_trigger_holds_the_trajectory_once_the_inputs_stop(fresh):
     """Observation trigger: when joint_states stop (a driver died), no message comes to step
     on, so no step finds them stale; the node still sends the hold (one empty trajectory) once
-    no trajectory went out for obs_timeout_s (0.5 s), and only once."""
+    no trajectory went out for obs_timeout_s (0.5 s), and only once, and /diagnostics names the
+    input it waits for."""
     h = len(holds(fresh.trajs))
     fresh.run(OBS[:5])
     t0 = time.monotonic()
@@ -142,6 +143,10 @@ def test_observation_trigger_holds_the_trajectory_once_the_inputs_stop(fresh):
     assert not fresh.trajs[-1].points and list(fresh.trajs[-1].joint_names) == JOINTS
     fresh.ros.spin_for(1.2)
     assert len(holds(fresh.trajs)) == h + 1  # once per stop
+    # /diagnostics says what holds the robot (it said OK "stepping" while nothing came)
+    d = fresh.wait_diag(lambda d: d["_message"].startswith("no step: waiting for joint_states"))
+    assert d["_level"] == 1 and "(none valid for " in d["_message"], d
+    assert d["stale_stream"] == "joint_states", d
     fresh.run(OBS[5:7])  # the stream is back: trajectories again, then one more hold
     assert fresh.ros.spin_until(lambda: len(holds(fresh.trajs)) == h + 2, 3.0)
 
@@ -326,26 +331,37 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     assert t1 - t0 > 1.0 and rate >= 0.5 * min(RATE, baseline), (rate, baseline, t1 - t0)
 
 
-def test_ctrl_c_during_a_rollout_ends_the_node_cleanly(ros):
-    """SIGINT while a rollout runs: the rollout stops at its next step and says so, in the
-    log and in its reply (the planner that asked is not left waiting for a server that went
-    away), and the node exits 0 (it aborted with "terminate called without an active
-    exception", exit -6, when the process ended with the rollout thread still inside a step)."""
-    proc = ros.start_node({"trigger": "timer", "rate_hz": RATE}, namespace="stopping")
+def test_ctrl_c_holds_the_trajectory_and_ends_the_node_cleanly_during_a_rollout(ros):
+    """SIGINT while the loop steps and a rollout runs. The robot holds: the last trajectory out
+    is the empty one that cancels the running chunk (rclpy's handler shut the context down
+    before the node could publish it, and the controller ran the last chunk to its end). The
+    rollout stops at its next step and says so, in the log and in its reply (the planner that
+    asked is not left waiting for a server that went away), and the node exits 0 (it aborted
+    with "terminate called without an active exception", exit -6, when the process ended with
+    the rollout thread still inside a step)."""
+    proc = ros.start_node(
+        {"trigger": "timer", "rate_hz": RATE, "output": "both"}, namespace="stopping"
+    )
     c = NodeClient(ros, proc)
+    trajs: list = []
+    ros.node.create_subscription(JointTrajectory, proc.topic("joint_trajectory"), trajs.append, 100)
     steps = 5000  # far more than fit in the second before the stop
     req = srv.Rollout.Request(observations=OBS[np.arange(steps) % len(OBS)].ravel().tolist())
     req.n_steps = steps
     client = ros.client(srv.Rollout, proc.service("rollout"))
     assert client.wait_for_service(timeout_sec=10)
     with feeding(c, OBS):
-        assert ros.spin_until(lambda: len(c.commands) > 20, 10)
+        assert ros.spin_until(lambda: len(c.commands) > 20 and len(trajs) > 20, 10)
         fut = client.call_async(req)
         ros.spin_for(1.0)
         assert not fut.done(), f"the rollout ended before the stop: {fut.result().message}"
         rc = proc.stop()
+        ros.spin_for(0.5)  # what the node sent last, still in flight
     log = proc.log_tail(50)
     assert rc == 0, log
+    assert holds(trajs) == [trajs[-1]], f"{len(holds(trajs))} holds, last: {trajs[-1]}"
+    assert list(trajs[-1].joint_names) == JOINTS
+    assert "stopping (signal): no more commands, the robot holds" in log, log
     assert "terminate called" not in log
     assert "rollout: the node is shutting down: stopped after " in log, log
     assert ros.spin_until(fut.done, 10), "no reply to the rollout stopped by the exit"

@@ -103,8 +103,10 @@ class FlashrtNode(LifecycleNode):
         self._pub_cmd = self._pub_traj = None
         self._traj_running = False  # a trajectory went out since the last hold (_hold)
         self._traj_at = 0.0  # when the last one went out (monotonic)
-        # output and hold in order: no step's output goes out after deactivate's hold
-        self._out_lock = threading.Lock()
+        # output and hold in order: no step's output goes out after deactivate's hold. Reentrant:
+        # the exit's hold (hold_for_exit) runs in a signal handler, which may interrupt the
+        # main thread inside a hold of its own (deactivate)
+        self._out_lock = threading.RLock()
         self._cb_services = ReentrantCallbackGroup()
         self._polled = PolledGroup()  # every subscription: none is the executor's (polled.py)
         self._js_sub = None
@@ -120,6 +122,7 @@ class FlashrtNode(LifecycleNode):
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
         self._per_message = False  # observation trigger, one step per joint_states message
+        self._js_at = 0.0  # ...and when its last valid one was received (0.0: none yet)
         self._unheard_logged: set[str] = set()  # publishers the QoS check has warned about
         self._frame_at = 0.0  # frame steps: when the last frame set was due (monotonic)
         self._frame_gap = 0.0  # and the time since the one before (a stale one's stale_s)
@@ -581,8 +584,9 @@ class FlashrtNode(LifecycleNode):
         if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
             self.flight.seen(msg.header.stamp)
         if self._per_message:
+            self._js_at = received = time.monotonic() - age
             if self.active:  # its age checked too: after a stall, a backlog is not stepped on
-                self._step(obs, time.monotonic() - age)
+                self._step(obs, received)
             return
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
@@ -703,13 +707,16 @@ class FlashrtNode(LifecycleNode):
         return line.split(":", 1)[0] == self._subs[0].topic_name
 
     def _waiting_for(self, now: float) -> str:
-        """Frame steps (step_on): the first listed input with no valid message newer than
-        obs_timeout_s, in words ("" when none). A frame set that never completes makes no
-        tick, so no stale tick says that one input stopped while the others come."""
-        if not self._frames or self.cfg is None:
+        """What a step waits for, in words ("" when nothing): with frame steps (step_on), the
+        first listed input with no valid message newer than obs_timeout_s; with the observation
+        trigger, joint_states. Inputs that stop make no tick, so no stale tick says so."""
+        if self.cfg is None or not (self._frames or self._per_message):
             return ""
-        for name in self.cfg.step_on:
-            if name == "joint_states":
+        for name in self.cfg.step_on if self._frames else ("joint_states",):
+            if name == "joint_states" and self._per_message:
+                age = now - self._js_at if self._js_at else None
+                what = "joint_states"
+            elif name == "joint_states":
                 with self._obs_lock:
                     age = None if self._latest_obs is None else now - self._latest_t
                 what = "joint_states"
@@ -846,6 +853,17 @@ class FlashrtNode(LifecycleNode):
             if self._traj_running and self._pub_traj is not None:
                 self._traj_running = False
                 self._pub_traj.publish(JointTrajectory(joint_names=list(self.cfg.joint_names)))
+
+    def hold_for_exit(self) -> None:
+        """Ctrl-C or SIGTERM (signals.py), while the publishers still publish: no step's output
+        goes out after this, and a running trajectory is held. Not under the engine lock: a
+        step stuck on the device must not keep the robot moving."""
+        with self._out_lock:
+            was = self.active
+            self.active = False
+            self._hold()
+        if was:
+            self.get_logger().info("stopping (signal): no more commands, the robot holds")
 
     def _hold_when_stopped(self) -> float | None:
         """Observation trigger (InputLoop.watch): inputs that stop make no step, so no step
@@ -995,7 +1013,10 @@ class FlashrtNode(LifecycleNode):
         level, message = DiagnosticStatus.OK, "stepping"
         # what holds the robot: a stale stream, an input of step_on that stopped, refusals
         refused = f"inputs refused ({sn['last_refusal']})" if refusing else ""
-        waiting = self._waiting_for(time.monotonic()) if self.active and rate == 0.0 else ""
+        # (observation trigger: while its joint_states are refused, the refusal says why)
+        waiting = ""
+        if self.active and rate == 0.0 and not (refused and self._per_message):
+            waiting = self._waiting_for(time.monotonic())
         if waiting:  # what holds now, over the last stale tick's stream
             kv["stale_stream"] = waiting.split(" (", 1)[0]
         if busy_s:
@@ -1031,7 +1052,7 @@ class FlashrtNode(LifecycleNode):
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
             if refused:  # the stream may be stale because its messages are refused
                 message += f"; {refused}"
-        elif waiting:  # frame steps: one input of step_on stopped, the others come
+        elif waiting:  # the input that steps stopped (or one of step_on, the others come)
             level = DiagnosticStatus.WARN
             message = f"no step: waiting for {waiting}, holding"
             if refused:

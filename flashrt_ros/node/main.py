@@ -47,22 +47,6 @@ def usage() -> str:
     )
 
 
-class _Interrupts:
-    """SIGINT or SIGTERM raises KeyboardInterrupt once; after that (shutdown under way, e.g.
-    `ros2 launch` forwarding a second Ctrl-C while destroy_node runs) it is ignored, so the
-    node still ends cleanly. Installed before rclpy.init, whose own handler calls it after
-    shutting rcl down."""
-
-    def __init__(self) -> None:
-        self.stopping = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        raise KeyboardInterrupt
-
-
 def _check_parameters(argv: Sequence[str]):
     """The node's config, or ParamError for bad parameters, found on a throwaway node of the
     same name (so the same remaps and params-file sections apply) before torch is imported."""
@@ -112,12 +96,13 @@ def _main(args: Sequence[str] | None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     t_start = time.monotonic() - process_age_s()
-    interrupts = _Interrupts()
-    # both: rclpy's handlers (it takes SIGINT and SIGTERM) call these after shutting rcl down,
-    # so a SIGTERM (docker stop, systemd, launch's escalation) during the imports ends the
-    # process like a Ctrl-C, not with the traceback of a node made on a context gone
-    signal.signal(signal.SIGINT, interrupts)
-    signal.signal(signal.SIGTERM, interrupts)
+    from flashrt_ros.node.signals import Interrupts, SignalWake
+
+    # ours, not rclpy's (signals.py says why): a SIGTERM (docker stop, systemd, launch's
+    # escalation) during the imports ends the process like a Ctrl-C, and one while the node
+    # runs holds the robot first
+    interrupts = Interrupts()
+    interrupts.install()
     from flashrt_ros.node import bytecode
     from flashrt_ros.node.memory import tune_malloc
 
@@ -134,6 +119,7 @@ def _main(args: Sequence[str] | None) -> int:
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.logging import get_logger
+    from rclpy.signals import SignalHandlerOptions
 
     from flashrt_ros.cuda.prewarm import warm_context
     from flashrt_ros.node.logs import forward_core_logs
@@ -142,13 +128,13 @@ def _main(args: Sequence[str] | None) -> int:
     # The control thread must get the GIL back promptly after the executor thread ran Python.
     sys.setswitchinterval(0.0005)
     try:
-        rclpy.init(args=argv)
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     except KeyboardInterrupt:
         return 0
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
         print(f"flashrt_node: error: {e}", file=sys.stderr)
         return 2
-    node = executor = services = None
+    node = executor = services = wake = None
     unforward = None
     try:
         try:
@@ -164,6 +150,8 @@ def _main(args: Sequence[str] | None) -> int:
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports
             node.context_warmer = warmer
+            interrupts.log = node.get_logger().error
+            interrupts.before_exit = node.hold_for_exit
             node.get_logger().info(malloc_note)
             if bytecode_note:
                 node.get_logger().info(bytecode_note)
@@ -178,6 +166,7 @@ def _main(args: Sequence[str] | None) -> int:
         # MultiThreadedExecutor measured 25x slower round trips).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
+        wake = SignalWake(executor.wake)  # a signal during the spin is handled at once
         if node.get_parameter("autostart").value:
             node.defer_inputs = True
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
@@ -204,6 +193,8 @@ def _main(args: Sequence[str] | None) -> int:
         pass
     finally:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
+        if wake is not None:
+            wake.close()
         if node is not None:
             node.stop_threads()
         if services is not None:

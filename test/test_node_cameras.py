@@ -459,6 +459,8 @@ def test_a_best_effort_camera_in_observation_mode_is_named_not_silently_unheard(
     d = c.wait_diag(lambda d: d["qos_mismatch"] != "", 10.0)
     assert "/qos/camera/top/image_raw" in d["qos_mismatch"], d
     assert "best_effort" in d["qos_mismatch"] and d["_message"].startswith("a publisher"), d
+    # nothing steps (no joint_states came either): the unheard publisher first, then the wait
+    assert "no step: waiting for joint_states (none valid yet)" in d["_message"], d
     c.wait_diag(lambda d: True, 3.0)  # one more status: the log line is still written once
     assert proc.log_tail(200).count("its messages never arrive") == 1
     ros.node.destroy_publisher(pub)

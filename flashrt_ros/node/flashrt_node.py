@@ -1052,6 +1052,11 @@ class FlashrtNode(LifecycleNode):
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
             if refused:  # the stream may be stale because its messages are refused
                 message += f"; {refused}"
+        elif unheard and (waiting or (refused and rate == 0.0)):  # nothing steps: likely why
+            level = DiagnosticStatus.WARN
+            message = f"a publisher is never heard: {unheard[0]}; no step: " + (
+                f"waiting for {waiting}, holding" if waiting else refused
+            )
         elif waiting:  # the input that steps stopped (or one of step_on, the others come)
             level = DiagnosticStatus.WARN
             message = f"no step: waiting for {waiting}, holding"

@@ -16,6 +16,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import srv
@@ -143,10 +144,15 @@ def test_observation_trigger_holds_the_trajectory_once_the_inputs_stop(fresh):
     assert not fresh.trajs[-1].points and list(fresh.trajs[-1].joint_names) == JOINTS
     fresh.ros.spin_for(1.2)
     assert len(holds(fresh.trajs)) == h + 1  # once per stop
-    # /diagnostics says what holds the robot (it said OK "stepping" while nothing came)
+    # /diagnostics says what holds the robot (it said OK "stepping" while nothing came), also
+    # while another input is refused (a goal of the wrong size stops no step)
     d = fresh.wait_diag(lambda d: d["_message"].startswith("no step: waiting for joint_states"))
     assert d["_level"] == 1 and "(none valid for " in d["_message"], d
     assert d["stale_stream"] == "joint_states", d
+    fresh._goal.publish(Float64MultiArray(data=[0.0] * 99))
+    d = fresh.wait_diag(lambda d: "goal" in d["last_refusal"])
+    assert d["_message"].startswith("no step: waiting for joint_states (none valid for "), d
+    assert "; inputs refused (goal" in d["_message"] and d["stale_stream"] == "joint_states", d
     fresh.run(OBS[5:7])  # the stream is back: trajectories again, then one more hold
     assert fresh.ros.spin_until(lambda: len(holds(fresh.trajs)) == h + 2, 3.0)
 

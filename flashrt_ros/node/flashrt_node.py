@@ -123,6 +123,7 @@ class FlashrtNode(LifecycleNode):
         self._frames = False
         self._per_message = False  # observation trigger, one step per joint_states message
         self._js_at = 0.0  # ...and when its last valid one was received (0.0: none yet)
+        self._js_refused_at = 0.0  # ...and when the last one was refused
         self._unheard_logged: set[str] = set()  # publishers the QoS check has warned about
         self._frame_at = 0.0  # frame steps: when the last frame set was due (monotonic)
         self._frame_gap = 0.0  # and the time since the one before (a stale one's stale_s)
@@ -561,7 +562,11 @@ class FlashrtNode(LifecycleNode):
             torch.cuda.empty_cache()
 
     # -- inputs ------------------------------------------------------------------------------------
-    def _refuse(self, why: str) -> None:
+    def _refuse(self, why: str, stepping: bool = False) -> None:
+        """Count and (throttled) log a refused input. `stepping`: the observation trigger's
+        joint_states itself was refused, which /diagnostics then names over the wait for one."""
+        if stepping:
+            self._js_refused_at = time.monotonic()
         with self.stats.lock:
             self.stats.refused += 1
             self.stats.last_refusal = why
@@ -579,7 +584,7 @@ class FlashrtNode(LifecycleNode):
         try:
             obs = self.mapper.observation(msg.name, msg.position, msg.velocity, msg.effort)
         except ValueError as e:
-            self._refuse(str(e))
+            self._refuse(str(e), stepping=self._per_message)
             return
         if self.cfg.flight_ticks:  # the stamps the recorder keeps for ~/rewind by time
             self.flight.seen(msg.header.stamp)
@@ -766,7 +771,8 @@ class FlashrtNode(LifecycleNode):
                 if self._per_message:  # one step per joint_states: this one is refused
                     self._refuse(
                         f"stale: joint_states received {age:.3f} s ago, older than "
-                        f"obs_timeout_s={self.cfg.obs_timeout_s:g} (not stepped on)"
+                        f"obs_timeout_s={self.cfg.obs_timeout_s:g} (not stepped on)",
+                        stepping=True,
                     )
                     return
                 self._stale("joint_states")
@@ -783,7 +789,8 @@ class FlashrtNode(LifecycleNode):
                     else:  # observation trigger: this joint_states is refused
                         self._refuse(
                             f"stale: camera {cam!r} has no valid image newer than "
-                            f"obs_timeout_s={self.cfg.obs_timeout_s:g}"
+                            f"obs_timeout_s={self.cfg.obs_timeout_s:g}",
+                            stepping=True,
                         )
                     return
                 x = self._cams.observation(obs, self._state_key)
@@ -797,7 +804,7 @@ class FlashrtNode(LifecycleNode):
                 else:
                     action, chunk = eng.step(x, session=live), None
             except ValueError as e:
-                self._refuse(str(e))
+                self._refuse(str(e), stepping=self._per_message)
                 self._forget(obs)
                 return
             except Exception as e:  # StepFault (the session is poisoned now), a device error
@@ -1013,9 +1020,11 @@ class FlashrtNode(LifecycleNode):
         level, message = DiagnosticStatus.OK, "stepping"
         # what holds the robot: a stale stream, an input of step_on that stopped, refusals
         refused = f"inputs refused ({sn['last_refusal']})" if refusing else ""
-        # (observation trigger: while its joint_states are refused, the refusal says why)
+        # (observation trigger: while its joint_states themselves are refused, the refusal
+        # says why; a refused goal or image stops no step)
+        js_refused = self._per_message and time.monotonic() - self._js_refused_at < 2.0
         waiting = ""
-        if self.active and rate == 0.0 and not (refused and self._per_message):
+        if self.active and rate == 0.0 and not js_refused:
             waiting = self._waiting_for(time.monotonic())
         if waiting:  # what holds now, over the last stale tick's stream
             kv["stale_stream"] = waiting.split(" (", 1)[0]

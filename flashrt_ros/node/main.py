@@ -79,13 +79,22 @@ def process_age_s() -> float:
 
 
 def main(args: Sequence[str] | None = None) -> int:
+    from flashrt_ros.node.signals import Interrupts
+
+    interrupts = Interrupts()
     try:
-        return _main(args)
+        return _main(args, interrupts)
     except KeyboardInterrupt:  # a signal before rclpy took over (the first imports): done
         return 0
+    except ImportError:
+        # a Ctrl-C inside an extension's initialisation (rclpy's pybind11 module) comes out as
+        # that module's ImportError ("initialization failed"), not as the KeyboardInterrupt
+        if interrupts.signalled:
+            return 0
+        raise
 
 
-def _main(args: Sequence[str] | None) -> int:
+def _main(args: Sequence[str] | None, interrupts) -> int:
     argv = list(sys.argv if args is None else args)
     from flashrt_ros.node.params import wants_help
 
@@ -96,12 +105,11 @@ def _main(args: Sequence[str] | None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     t_start = time.monotonic() - process_age_s()
-    from flashrt_ros.node.signals import Interrupts, SignalWake
+    from flashrt_ros.node.signals import SignalWake
 
     # ours, not rclpy's (signals.py says why): a SIGTERM (docker stop, systemd, launch's
     # escalation) during the imports ends the process like a Ctrl-C, and one while the node
     # runs holds the robot first
-    interrupts = Interrupts()
     interrupts.install()
     from flashrt_ros.node import bytecode
     from flashrt_ros.node.memory import tune_malloc

@@ -30,6 +30,7 @@ class Interrupts:
 
     def __init__(self) -> None:
         self.stopping = False
+        self.signalled = False  # a signal came (stopping is also set by main.py's clean-up)
         # set by main.py once the node exists: the hold (FlashrtNode.hold_for_exit)
         self.before_exit: Callable[[], None] | None = None
         self.log: Callable[[str], None] | None = None  # where a failed hold is reported
@@ -41,7 +42,7 @@ class Interrupts:
     def __call__(self, signum, frame) -> None:
         if self.stopping:
             return
-        self.stopping = True
+        self.stopping = self.signalled = True
         hold = self.before_exit
         if hold is not None:
             try:

@@ -508,6 +508,11 @@ def latency_summary(lat_cb: list, lat_rx: list) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+def run_key(row: dict) -> str:
+    """A timer run's name in the summary: its rate, and "_offset" with a publish offset."""
+    return f"{int(row['target_hz'])}" + ("_offset" if row.get("publish_offset_s") else "")
+
+
 def run_timer(
     ros,
     args,
@@ -1884,14 +1889,16 @@ def main() -> int:
         "camera_frames": with_image_floor(cam_frames, floors, args.camera_compressed),
         # the pairs in lockstep, beside the lockstep image echo: the like-for-like comparison
         "camera_frames_lockstep_to_action_p50_us": dig(cam_lock, "camera_to_action_p50_us"),
+        "camera_frames_lockstep_to_action_p99_us": dig(cam_lock, "camera_to_action_p99_us"),
         "camera_frames_lockstep": with_image_floor(cam_lock, floors, args.camera_compressed),
         "camera_intake": with_intake_floor(intake, floors),
         "floors": floors,
         "start": starts,
         "flight_1khz": flight,
-        "node_diagnostics": {str(int(r["target_hz"])): r["node"] for r in rows},
+        # per timer run; a run with publish offset is "<hz>_offset" (the 1 kHz rate has both)
+        "node_diagnostics": {run_key(r): r["node"] for r in rows},
         "startup_s": {
-            **{f"timer_{int(r['target_hz'])}": r["startup_s"] for r in rows},
+            **{f"timer_{run_key(r)}": r["startup_s"] for r in rows},
             **({"observation": obs["startup_s"]} if obs else {}),
         },
         "device": args.device,

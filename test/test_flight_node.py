@@ -271,3 +271,55 @@ def test_an_automatic_dump_never_holds_a_goal_applied_after_it_was_asked_for(
     finally:
         host.destroy()
         node.destroy_node()
+
+
+def test_a_dump_of_the_running_session_leaves_the_loop_its_rate(ros, tmp_path):
+    """~/dump_flight while the timer loop steps: the ticks are copied one at a time between
+    control ticks, as the automatic dumps are. The whole ring copied under one hold of the
+    engine lock (100 ticks x 2.1 MB) stopped the loop for ~150 ms on this 2-core machine (30
+    ticks at 200 Hz with 3000 ticks of the default policy, review). Ticks the running session
+    overwrites before their copy are left out, and the reply says so."""
+    import time
+
+    from std_msgs.msg import Float64MultiArray
+
+    from test.node_client import feeding
+
+    ring, rate = 100, 50.0
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "timer",
+                "rate_hz": rate,
+                "device": "cpu",
+                "policy": "test.tiny_policy:hybrid_long",
+                "flight_ticks": ring,
+                "capsule_dir": str(tmp_path / "capsules"),
+            },
+            namespace="dumping",
+            wait_services=("dump_flight",),
+        )
+    c = NodeClient(ros, proc)
+    arrived: list[float] = []
+    ros.node.create_subscription(
+        Float64MultiArray, proc.topic("commands"), lambda _m: arrived.append(time.monotonic()), 100
+    )
+    client = ros.client(DumpFlight, proc.service("dump_flight"))
+    with feeding(c, OBS, hz=2 * rate):
+        assert ros.spin_until(lambda: len(arrived) > ring + 20, 30), proc.log_tail()
+        t_call = time.monotonic()
+        fut = client.call_async(DumpFlight.Request())
+        assert ros.spin_until(fut.done, 60), "no reply to dump_flight"
+        t_done = time.monotonic()
+        ros.spin_for(0.3)
+    r = fut.result()
+    assert r.success, r.message
+    steps = [int(f.rsplit("-", 1)[1].split(".")[0]) for f in r.files]
+    assert steps == list(range(steps[0], steps[0] + len(steps))) and len(steps) > ring // 2
+    assert len(steps) == ring or "overwritten by the running session" in r.message, r.message
+    during = [t for t in arrived if t_call - 0.1 <= t <= t_done + 0.1]
+    gaps = np.diff(during)
+    assert len(gaps) > 0 and gaps.max() < 0.09, (
+        f"largest gap between commands during the dump {gaps.max() * 1e3:.0f} ms "
+        f"(period {1e3 / rate:.0f} ms; {len(during)} commands in {t_done - t_call:.2f} s)"
+    )

@@ -68,3 +68,11 @@ class NotAModule:
 
 def not_a_module() -> NotAModule:
     return NotAModule()
+
+
+def hybrid_long() -> Policy:
+    """The builtin hybrid policy with a 2048-entry KV history: a 2.1 MB state (69 KB by
+    default), so that copies of many recorded ticks take long enough to see on the CPU."""
+    from flashrt_ros.policies.loader import load_policy
+
+    return load_policy("builtin:hybrid", kv_len=2048)

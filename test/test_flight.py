@@ -138,6 +138,14 @@ def test_bad_rewinds_are_refused_and_change_nothing(k, session):
     assert eng.rewind(np.int64(3)) == 0  # numpy ints are ints
 
 
+def test_a_session_that_has_not_stepped_says_there_is_nothing_to_rewind_to():
+    eng = tiny(4)
+    before = eng.state_bytes()
+    with pytest.raises(BadRequest, match="holds only its current step 0: nothing to rewind"):
+        eng.rewind(1)  # it said "k must be in [1, 0]"
+    assert eng.state_bytes() == before and eng.session_step() == 0
+
+
 def test_recorder_off_allocates_nothing_and_refuses_rewind():
     eng = tiny(0)
     assert eng.session("main").flight is None and eng.flight_bytes() == 0

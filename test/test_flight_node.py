@@ -65,6 +65,8 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
     def rewind(p=proc, **fields) -> Rewind.Response:
         return ros.call(ros.client(Rewind, p.service("rewind")), Rewind.Request(**fields), 10)
 
+    r = rewind(steps_back=1)  # nothing stepped yet (it said "steps_back must be in [1, 0]")
+    assert not r.success and "holds only its current step 0: nothing to rewind" in r.message, r
     first = [step(i) for i in range(12)]  # steps 1..12; the recorder holds steps 5..12
 
     # k ticks back: the same observations give the same commands, bit for bit; keep = a capsule

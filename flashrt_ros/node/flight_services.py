@@ -434,6 +434,11 @@ class FlightServices:
                     )
             else:
                 k = int(req.steps_back)
+                if len(held) == 1:  # a fresh session or branch: no tick recorded since
+                    raise BadRequest(
+                        f"session {session!r} holds only its current step {cur}: nothing to "
+                        "rewind to until it has stepped"
+                    )
                 if not 1 <= k <= len(held) - 1:
                     raise BadRequest(
                         f"cannot go {k} tick(s) back: session {session!r} holds steps "

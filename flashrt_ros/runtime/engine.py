@@ -1124,6 +1124,11 @@ class Engine:
         if s.flight is None:
             raise BadRequest("the flight recorder is off: create the Engine with flight_ticks > 0")
         held = s.flight_steps()
+        if len(held) == 1:  # a fresh session or branch: no tick recorded since
+            raise BadRequest(
+                f"session {s.name!r} holds only its current step {s.steps}: nothing to rewind "
+                "to until it has stepped"
+            )
         if not 1 <= k <= len(held) - 1:
             raise BadRequest(
                 f"cannot rewind {k} step(s): session {s.name!r} holds steps "

@@ -55,6 +55,26 @@ def test_capsule_dir_persists_and_reloads(tmp_path):
         make_engine().checkpoint(name="x", persist=True)
 
 
+def test_an_evicted_persisted_capsule_is_named_by_its_file(tmp_path):
+    """A persisted capsule evicted from a full pool keeps its file; asking for it says so and
+    how to get it back (it only said "unknown capsule"; review), and load_capsule does."""
+    eng = make_engine(capsule_dir=tmp_path, capsule_slots=2)
+    run(eng, OBS[:5])
+    eng.checkpoint(name="grasp", persist=True)
+    for i in range(2):
+        run(eng, OBS[5 + i : 6 + i])
+        eng.checkpoint()
+    assert "grasp" not in [i.name for i in eng.capsules()]
+    before = eng.state_bytes()
+    with pytest.raises(ValueError, match=r"capsule_dir holds grasp\.fcap.*Engine\.load_capsule"):
+        eng.restore("grasp")
+    with pytest.raises(ValueError, match=r"^unknown capsule 'nothing' \(list_capsules[^;]*$"):
+        eng.restore("nothing")  # no file: no hint
+    assert eng.state_bytes() == before
+    eng.load_capsule(tmp_path / "grasp.fcap")
+    eng.restore("grasp")
+
+
 def _mutations(data: bytes):
     hlen = struct.unpack("<I", data[12:16])[0]
     header = json.loads(data[16 : 16 + hlen])

@@ -60,6 +60,8 @@ class CapsulePool:
         # ids a new capsule must not take though none is live (the Engine: ids whose file is in
         # capsule_dir, so drop never removes another capsule's file)
         self.id_taken: Callable[[str], bool] = lambda cid: False
+        # what an unknown reference may still name (the Engine: a file of capsule_dir)
+        self.missing_hint: Callable[[str], str] = lambda ref: ""
 
     # -- lookups -----------------------------------------------------------------------------------
     def get(self, ref: str) -> Capsule:
@@ -70,7 +72,10 @@ class CapsulePool:
         if cap is None:
             cap = next((c for c in self.caps.values() if c.info.name == ref), None)
         if cap is None:
-            raise UnknownReference(f"unknown capsule {ref!r} (list_capsules shows the live ones)")
+            raise UnknownReference(
+                f"unknown capsule {ref!r} (list_capsules shows the live ones)"
+                + self.missing_hint(ref)
+            )
         return cap
 
     def infos(self) -> list[CapsuleInfo]:

@@ -30,7 +30,12 @@ from flashrt_ros.capsules.checksum import (
     to_hex,
 )
 from flashrt_ros.capsules.info import CapsuleInfo
-from flashrt_ros.capsules.names import check_capsule_name, check_session_name, is_issued_id
+from flashrt_ros.capsules.names import (
+    CAPSULE_NAME,
+    check_capsule_name,
+    check_session_name,
+    is_issued_id,
+)
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore, check_path
 from flashrt_ros.cuda.copy import copy_bytes, copy_io
@@ -319,6 +324,7 @@ class Engine:
         self._persisting: dict[str, str] = {}  # id -> name of each begun, unfinished persist
         # no new capsule takes the id of a file, or of a persist whose file is being written
         self.pool.id_taken = lambda cid: self.store.id_known(cid) or cid in self._persisting
+        self.pool.missing_hint = self._file_hint
         t = time.perf_counter()
         self.build_s["arena_pool"] = t - t_build
         main = self.create_session("main")
@@ -998,6 +1004,22 @@ class Engine:
 
     def capsules(self) -> list[CapsuleInfo]:
         return self.pool.infos()
+
+    def _file_hint(self, ref: str) -> str:
+        """An unknown capsule reference that names a file of capsule_dir: a persisted capsule
+        evicted from the pool (its file stays), or one not loaded at start. Said, so that a
+        planner that persisted `grasp` is not just told it is unknown."""
+        folder = self.store.folder
+        if folder is None or not isinstance(ref, str) or not CAPSULE_NAME.fullmatch(ref):
+            return ""  # an id or a name only: never a path out of the folder
+        path = folder / f"{ref}{diskfmt.SUFFIX}"
+        if not os.path.isfile(path):
+            return ""
+        return (
+            f"; capsule_dir holds {path.name}, a persisted capsule not in the pool (evicted, or "
+            "not loaded at start): Engine.load_capsule brings it back, as does the node's next "
+            "start when the pool has room"
+        )
 
     def capsule(self, ref: str) -> CapsuleInfo:
         return self.pool.info(self.pool.get(ref))

@@ -112,6 +112,12 @@ def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_pat
     assert f"{newest - TICK} commands" in capsys.readouterr().out
     assert bagdiff([str(expected), str(out)]) == 0  # exact: no --atol
     assert "identical" in capsys.readouterr().out
+    # the same without cutting the recording: its first TICK commands left out
+    assert len(bags.read_commands(run)) == newest
+    assert bagdiff([str(run), str(out), "--skip-a", str(TICK)]) == 0
+    assert "identical" in capsys.readouterr().out
+    assert bagdiff([str(run), str(out), "--skip-a", str(TICK - 1)]) == 1  # one tick off
+    assert bagdiff([str(run), str(out), "--skip-a", str(newest)]) == 2  # nothing left of A
 
     # a dump lives in a subfolder: an engine on that capsule_dir reloads none of it
     assert Engine(load_policy("builtin:hybrid"), device="cpu", capsule_dir=capdir).capsules() == []

@@ -1,7 +1,8 @@
 """flashrt-bagdiff: compare the command streams of two rosbag2 bags (sqlite3 or MCAP, any mix).
 
 Exit status: 0 equal (bit-identical, or within --atol), 1 divergence (the first one is printed),
-2 error (missing or foreign bag, missing topic, or no command in either bag: two empty recordings
+2 error (missing or foreign bag, missing topic, a --skip-a/-b past a bag's commands, or no
+command in either bag: two empty recordings
 prove nothing, so they are not called equal).
 """
 
@@ -72,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
             "exit status: 0 the streams are equal (bit-identical, or every value within --atol); "
             "1 they diverge, the first divergence is printed (command index, both stamps, joint "
             "index, both values, difference; a different number of commands also diverges); "
-            "2 a bag is missing or not a rosbag2 bag, it lacks the topic, or neither bag has a "
+            "2 a bag is missing or not a rosbag2 bag, it lacks the topic, a --skip leaves "
+            "nothing of its bag, or neither bag has a "
             "command on it (nothing to compare: a recording that caught no command is a failed "
             "recording, not a pass)."
         ),
@@ -90,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--topic", default="/commands", help="command topic in both bags (default /commands)"
     )
+    for side in ("a", "b"):
+        p.add_argument(
+            f"--skip-{side}",
+            type=int,
+            default=0,
+            metavar="N",
+            help=f"leave out the first N commands of {side.upper()} (e.g. the node's commands "
+            "before the tick an offline replay --from-capsule starts from; default 0)",
+        )
     return p
 
 
@@ -102,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.skip_a < 0 or args.skip_b < 0:
+        print("flashrt-bagdiff: error: --skip-a and --skip-b must be >= 0", file=sys.stderr)
+        return 2
     from flashrt_ros.replay.bags import read_commands
 
     try:
@@ -110,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"flashrt-bagdiff: error: {exc}", file=sys.stderr)
         return 2
+    for side, stream, n in (("A", a, args.skip_a), ("B", b, args.skip_b)):
+        if n and n >= len(stream):
+            print(
+                f"flashrt-bagdiff: error: --skip-{side.lower()} {n}, but {side} has only "
+                f"{len(stream)} commands on {args.topic}",
+                file=sys.stderr,
+            )
+            return 2
+    if args.skip_a or args.skip_b:
+        a, b = a[args.skip_a :], b[args.skip_b :]
+        print(f"comparing A from command {args.skip_a} and B from command {args.skip_b}")
     if not a and not b:
         print(
             f"flashrt-bagdiff: error: neither bag has a command on {args.topic}: nothing to "

@@ -2,8 +2,7 @@
 
 Exit status: 0 equal (bit-identical, or within --atol), 1 divergence (the first one is printed),
 2 error (missing or foreign bag, missing topic, a --skip-a/-b past a bag's commands, or no
-command in either bag: two empty recordings
-prove nothing, so they are not called equal).
+command in either bag: two empty recordings prove nothing, so they are not called equal).
 """
 
 from __future__ import annotations

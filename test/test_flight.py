@@ -144,6 +144,10 @@ def test_a_session_that_has_not_stepped_says_there_is_nothing_to_rewind_to():
     with pytest.raises(BadRequest, match="holds only its current step 0: nothing to rewind"):
         eng.rewind(1)  # it said "k must be in [1, 0]"
     assert eng.state_bytes() == before and eng.session_step() == 0
+    one = tiny(1)  # a ring of one never holds a step to go back to
+    run(one, OBS[:3])
+    with pytest.raises(BadRequest, match="nothing to rewind to with flight_ticks 1"):
+        one.rewind(1)
 
 
 def test_recorder_off_allocates_nothing_and_refuses_rewind():

@@ -60,6 +60,7 @@ from flashrt_ros.srv import DumpFlight, Rewind
 FLIGHT_DIR = "flight"  # subfolder of capsule_dir holding the dumps
 AUTO_REASONS = ("fault", "deactivate")
 FILE_SLACK = 8 * 1024  # per file, besides the state: magic, JSON header, digest (estimate)
+BATCH_S = 0.002  # a ~/dump_flight copies about this long per hold of the engine lock
 COPY_BPS = 2e9  # device -> pageable host bytes/s assumed when asking the lock for one tick's copy
 MAX_SUFFIX = 1000  # dump folder names tried (`name`, `name-2`, ...) before giving up
 TAKEN = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)  # a rename met a folder
@@ -164,10 +165,22 @@ class Asked:
     held: list[int]
     stamps: list[float]
     parent_id: str
-    goals: int  # goals applied to the session until then (FlightServices.on_goal)
+    newest: torch.Tensor  # the state of held[-1], copied in the request's own hold
     capsule_dir: str
     name: str
     done: Future
+
+
+def spans(steps: list[int]) -> str:
+    """Steps as ranges: [3, 4, 5, 9] -> "3..5, 9"."""
+    out, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 def utc_name(t: float) -> str:
@@ -240,6 +253,13 @@ class FlightServices:
             target=self._work_forever, name="flashrt-flight", daemon=True
         )
         self._writer.start()
+        # the files, on a thread of their own: a copy never waits for another dump's write (a
+        # second dump asked for while the first was written found its ring overwritten, review)
+        self._writes: queue.SimpleQueue = queue.SimpleQueue()
+        self._disk = threading.Thread(
+            target=self._write_forever, name="flashrt-flight-disk", daemon=True
+        )
+        self._disk.start()
         atexit.register(self.close)  # a dump queued at deactivate is written before exit
         self._wake = node.create_guard_condition(lambda: None, callback_group=group)
         node.create_service(Rewind, "~/rewind", self.rewind, callback_group=group)
@@ -336,21 +356,24 @@ class FlightServices:
         return resp
 
     def _copy_asked(self, a: Asked) -> Snapshot:
-        """The steps of a ~/dump_flight copied to host memory one tick at a time, each under a
-        short background hold of the engine lock, as the automatic dumps do: the whole ring in
-        one hold stopped the control loop (3000 ticks of builtin:hybrid, 207 MB: 150 ms without
-        a command on the 2-core CPU machine, review). The session may step meanwhile: a step
-        then overwrites the oldest slot, so the oldest ticks go first, and one overwritten
+        """The steps of a ~/dump_flight copied to host memory a few ticks at a time, each batch
+        under a short background hold of the engine lock, as the automatic dumps are: the whole
+        ring in one hold stopped the control loop (100 ticks of 2.1 MB: 144 ms without a
+        command on the 2-core CPU machine, review). The state the request found current was
+        copied in the request's own hold (`Asked.newest`). The session may step meanwhile, each
+        step overwriting its oldest slot: the oldest ticks go first, and every tick overwritten
         before its turn is left out and named. A request that moved the session elsewhere
         (restore, branch, reset, rewind) or dropped it, or a cleanup, ends the dump."""
         lock, eng = self.ctl.lock, a.engine()
+        older = a.held[:-1]
         nbytes = eng.state_nbytes if eng is not None else 0
         states = torch.empty((len(a.held), nbytes), dtype=torch.uint8)  # off the lock
+        states[-1].copy_(a.newest)
         cost = nbytes / COPY_BPS + 1e-4
+        batch = max(1, int(BATCH_S / cost))  # ticks per hold: ~BATCH_S of copying
         kept: list[int] = []
-        goal_changed = False
-        for i, t in enumerate(a.held):
-            with lock.background(cost):
+        for lo in range(0, len(older), batch):
+            with lock.background(cost * min(batch, len(older) - lo)):
                 s = a.sref()
                 if eng is None or self.ctl.engine is not eng or s is None:
                     raise BadRequest("the node was cleaned up while the dump was being copied")
@@ -363,28 +386,27 @@ class FlightServices:
                         f"session {a.session!r} was moved (restore, branch, reset, rewind) or "
                         "dropped while its ring was being copied; nothing written: ask again"
                     )
-                if t not in s.flight_steps():
-                    continue  # overwritten by a step since the request
-                if t == a.held[-1] and self._goals.get(a.session, 0) != a.goals:
-                    goal_changed = True  # the state asked for is no longer the one held
-                    continue
-                states[i].copy_(s.flight_state(t))
-                kept.append(i)
-        if not kept:
-            raise BadRequest(f"session {a.session!r} moved on before any tick could be copied")
-        why = []
-        if kept[0] > 0:
-            why.append(f"the {kept[0]} oldest, overwritten by the running session while copying")
-        if goal_changed:
-            why.append(f"step {a.held[-1]}, changed by a goal since the request")
+                now = s.flight_steps()
+                for i in range(lo, min(lo + batch, len(older))):
+                    if older[i] in now:  # else overwritten by a step since the request
+                        states[i].copy_(s.flight_state(older[i]))
+                        kept.append(i)
+        copied = set(kept)
+        lost = [t for i, t in enumerate(older) if i not in copied]
+        kept.append(len(a.held) - 1)
         return Snapshot(
             a.session,
             a.parent_id,
             [a.held[i] for i in kept],
             [a.stamps[i] for i in kept],
-            states[kept] if len(kept) < len(a.held) else states,
+            states[kept] if lost else states,
             eng.store,
-            left_out="; ".join(why),
+            left_out=(
+                f"{len(lost)} tick(s) overwritten by the running session before their copy "
+                f"(steps {spans(lost)})"
+                if lost
+                else ""
+            ),
         )
 
     @staticmethod
@@ -434,10 +456,14 @@ class FlightServices:
                     )
             else:
                 k = int(req.steps_back)
-                if len(held) == 1:  # a fresh session or branch: no tick recorded since
+                if len(held) == 1:  # a fresh session or branch, or a ring of one
                     raise BadRequest(
                         f"session {session!r} holds only its current step {cur}: nothing to "
-                        "rewind to until it has stepped"
+                        + (
+                            "rewind to with flight_ticks 1 (keep at least 2)"
+                            if eng.flight_ticks == 1
+                            else "rewind to until it has stepped"
+                        )
                     )
                 if not 1 <= k <= len(held) - 1:
                     raise BadRequest(
@@ -492,6 +518,8 @@ class FlightServices:
                     raise BadRequest("dump_flight needs capsule_dir to be set (where to write)")
                 s = eng.session(session)
                 held = list(s.flight_steps())
+                newest = torch.empty(eng.state_nbytes, dtype=torch.uint8)
+                newest.copy_(s.flight_state(held[-1]))  # one state: what the request found
                 asked = Asked(
                     weakref.ref(eng),
                     weakref.ref(s),
@@ -500,12 +528,12 @@ class FlightServices:
                     held,
                     [(self._stamp(eng, s, t) or 0) / 1e9 for t in held],
                     s.parent_id,
-                    self._goals.get(session, 0) if eng is self._engine else 0,
+                    newest,
                     self.ctl.cfg.capsule_dir,
                     f"{session}-{utc_name(time.time())}",
                     Future(),
                 )
-            self._jobs.put(asked)  # copied and written on the flight thread
+            self._jobs.put(asked)  # copied on the flight thread, written on the writer's
             paths, _, snap = await asked.done
         except Exception as e:
             return self._answer("dump_flight", resp, e)
@@ -648,8 +676,17 @@ class FlightServices:
                 self._auto(job)
             elif isinstance(job, Asked):
                 self._asked(job)
-            else:
-                self._run(*job)
+
+    def _write_forever(self) -> None:
+        name_os_thread()
+        while (job := self._writes.get()) is not None:
+            self._run(*job)
+
+    def _wake_up(self) -> None:
+        """Resume the awaiting service handler; at exit the guard condition may be gone, and
+        nobody awaits the reply then."""
+        with contextlib.suppress(Exception):
+            self._wake.trigger()
 
     def _auto(self, want: Wanted) -> None:
         log = self.ctl.fast_log
@@ -665,16 +702,18 @@ class FlightServices:
             log.warning(f"flight recorder: {want.reason} dump of {want.session!r} skipped: {snap}")
             return
         name = f"{want.session}-{utc_name(want.wall)}"
-        self._run(snap, want.capsule_dir, name, f"-{want.reason}", want.budget, want.reason, None)
+        self._writes.put(
+            (snap, want.capsule_dir, name, f"-{want.reason}", want.budget, want.reason, None)
+        )
 
     def _asked(self, a: Asked) -> None:
         try:
             snap = self._copy_asked(a)
         except Exception as e:  # noqa: BLE001 (the reply says why; the node goes on)
             a.done.set_exception(e)
-            self._wake.trigger()
+            self._wake_up()
             return
-        self._run(snap, a.capsule_dir, a.name, "", None, "request", a.done)
+        self._writes.put((snap, a.capsule_dir, a.name, "", None, "request", a.done))
 
     def _run(self, snap, base: str, name: str, tail: str, budget, reason: str, done) -> None:
         try:
@@ -682,7 +721,7 @@ class FlightServices:
         except Exception as e:  # noqa: BLE001
             if done is not None:
                 done.set_exception(e)
-                self._wake.trigger()
+                self._wake_up()
             else:
                 self.ctl.fast_log.error(
                     f"flight recorder: {reason} dump of {snap.session!r} to {base} failed: {e}"
@@ -691,7 +730,7 @@ class FlightServices:
         self.last_dump, self.dumps = str(folder), self.dumps + 1
         if done is not None:
             done.set_result((paths, folder, snap))
-            self._wake.trigger()
+            self._wake_up()
         self.ctl.fast_log.info(
             f"flight recorder: dumped {len(paths)} ticks of {snap.session!r} (steps "
             f"{snap.steps[0]}..{snap.steps[-1]}, {reason}) to {folder}"
@@ -783,7 +822,11 @@ class FlightServices:
         }
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish the queued dumps, then end the flight thread."""
+        """Finish the queued dumps, then end the flight thread and, once the copies it took
+        are written, the writer's."""
         if self._writer.is_alive():
             self._jobs.put(None)
             self._writer.join(timeout=timeout)
+        if self._disk.is_alive():
+            self._writes.put(None)
+            self._disk.join(timeout=timeout)

@@ -1146,10 +1146,14 @@ class Engine:
         if s.flight is None:
             raise BadRequest("the flight recorder is off: create the Engine with flight_ticks > 0")
         held = s.flight_steps()
-        if len(held) == 1:  # a fresh session or branch: no tick recorded since
+        if len(held) == 1:  # a fresh session or branch, or a ring of one
             raise BadRequest(
                 f"session {s.name!r} holds only its current step {s.steps}: nothing to rewind "
-                "to until it has stepped"
+                + (
+                    "to with flight_ticks 1 (keep at least 2)"
+                    if self.flight_ticks == 1
+                    else "to until it has stepped"
+                )
             )
         if not 1 <= k <= len(held) - 1:
             raise BadRequest(

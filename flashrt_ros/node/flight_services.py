@@ -54,7 +54,7 @@ from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.errors import BadRequest, CapacityError
 from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.loop import name_os_thread
-from flashrt_ros.runtime.flight import nonfinite_regions
+from flashrt_ros.runtime.flight import nonfinite_regions, require_past
 from flashrt_ros.srv import DumpFlight, Rewind
 
 FLIGHT_DIR = "flight"  # subfolder of capsule_dir holding the dumps
@@ -456,15 +456,7 @@ class FlightServices:
                     )
             else:
                 k = int(req.steps_back)
-                if len(held) == 1:  # a fresh session or branch, or a ring of one
-                    raise BadRequest(
-                        f"session {session!r} holds only its current step {cur}: nothing to "
-                        + (
-                            "rewind to with flight_ticks 1 (keep at least 2)"
-                            if eng.flight_ticks == 1
-                            else "rewind to until it has stepped"
-                        )
-                    )
+                require_past(held, session, eng.flight_ticks)
                 if not 1 <= k <= len(held) - 1:
                     raise BadRequest(
                         f"cannot go {k} tick(s) back: session {session!r} holds steps "

@@ -49,7 +49,13 @@ from flashrt_ros.errors import (
 )
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
-from flashrt_ros.runtime.flight import check_int, check_ticks, held_step, nonfinite_regions
+from flashrt_ros.runtime.flight import (
+    check_int,
+    check_ticks,
+    held_step,
+    nonfinite_regions,
+    require_past,
+)
 from flashrt_ros.runtime.inputs import (
     check_dict,
     image,
@@ -1146,15 +1152,7 @@ class Engine:
         if s.flight is None:
             raise BadRequest("the flight recorder is off: create the Engine with flight_ticks > 0")
         held = s.flight_steps()
-        if len(held) == 1:  # a fresh session or branch, or a ring of one
-            raise BadRequest(
-                f"session {s.name!r} holds only its current step {s.steps}: nothing to rewind "
-                + (
-                    "to with flight_ticks 1 (keep at least 2)"
-                    if self.flight_ticks == 1
-                    else "to until it has stepped"
-                )
-            )
+        require_past(held, s.name, self.flight_ticks)
         if not 1 <= k <= len(held) - 1:
             raise BadRequest(
                 f"cannot rewind {k} step(s): session {s.name!r} holds steps "

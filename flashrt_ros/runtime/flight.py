@@ -92,6 +92,20 @@ class FlightRing:
         copy_bytes(buf, self.row(step))
 
 
+def require_past(held: range, session: str, ticks: int) -> None:
+    """BadRequest when the session holds only its current step (a fresh session or branch, or
+    a ring of one tick): there is nothing to go back to, whatever was asked."""
+    if len(held) == 1:
+        raise BadRequest(
+            f"session {session!r} holds only its current step {held.start}: nothing to rewind "
+            + (
+                "to with flight_ticks 1 (keep at least 2)"
+                if ticks == 1
+                else "to until it has stepped"
+            )
+        )
+
+
 def held_step(held: range, step: object, session: str) -> int:
     """`step` if the recorder holds it, else UnknownReference saying which steps it holds."""
     t = check_int(step, "step")

@@ -156,7 +156,8 @@ class Wanted:
 @dataclass
 class Asked:
     """A ~/dump_flight: the steps the session held when it was asked (engine lock held then),
-    copied by the flight thread one tick at a time, while the session may go on stepping."""
+    copied by the flight thread a batch at a time (_copy_asked), while the session may go on
+    stepping."""
 
     engine: weakref.ref
     sref: weakref.ref

@@ -481,12 +481,14 @@ def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
         return (_thread_cpu_s(tid) - c0) / (time.monotonic() - t0)
 
     try:
-        assert share() < 0.2  # asleep in a 1 s wait
+        # asleep, the thread uses well under 1 % of a core; polling, as much as it is given:
+        # on a 2-core machine loaded to 3.5 runnable threads that was under 40 % in 3 windows
+        assert share() < 0.05  # asleep in a 1 s wait
         loop.set_busy(True)  # ends that wait: polling now, not in up to a second
-        assert any(share() > 0.4 for _ in range(3))  # a loaded machine can take a window
+        assert any(share() > 0.15 for _ in range(5))
         loop.set_busy(False)
         time.sleep(0.05)  # the look in progress ends
-        assert share() < 0.2
+        assert share() < 0.05
         loop.set_busy(True)
         t0 = time.monotonic()
     finally:

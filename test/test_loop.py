@@ -291,3 +291,39 @@ def test_stop_says_when_the_thread_is_still_in_a_tick_and_it_ends_after_that_tic
     # nothing after that tick: no deadline left in the lock (background work would wait for a
     # tick that never comes: rollouts refused on an inactive node), no idle work
     assert lock.next_tick is None and idled == []
+
+
+def test_a_rollout_priced_by_one_slow_first_step_still_finds_room_at_200hz():
+    """A rollout step waits for a gap between control ticks as long as its price
+    (EngineLock.background). Its price was the median of the 2 ms seed and the steps so far,
+    so one slow first step (a scratch session captured on first use, cold caches, the OS: 17.6
+    ms) priced the next at 9.8 ms: no 5 ms period has room for that, and the rollout waited 10
+    s and failed. step_cost keeps the cheapest guess until three steps are measured."""
+    from flashrt_ros.errors import CapacityError
+    from flashrt_ros.node.services import step_cost
+
+    assert step_cost([]) == 0.002
+    assert step_cost([0.012]) == 0.002  # one slow step does not set the price
+    assert step_cost([0.012, 0.0015]) == 0.0015
+    assert step_cost([0.012, 0.008, 0.008]) == 0.008  # a policy that is that slow: priced so
+    assert step_cost([0.001] * 10 + [0.05] * 4) == 0.001  # preemptions are not the new cost
+
+    lock = EngineLock()
+
+    def tick(deadline: float) -> None:
+        with lock:
+            time.sleep(0.001)
+
+    loop = TimerLoop(200.0, tick, lambda *a: None, lambda e: None, lock=lock)
+    loop.start()
+    try:
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        with lock.background(step_cost([0.012]), give_up_s=5.0):
+            pass
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(CapacityError, match="no room for a 9.8 ms step"):
+            with lock.background(0.0098, give_up_s=0.5):  # the old price: never room
+                pass
+    finally:
+        loop.stop()

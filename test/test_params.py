@@ -373,6 +373,28 @@ def test_read_only_parameters_refuse_a_set_over_dds(live):
     assert _get(ros, proc, "cameras") == [(ParameterType.PARAMETER_STRING_ARRAY, [])]
 
 
+def test_a_set_of_a_parameter_the_node_lacks_names_it_and_the_one_meant(live):
+    from rcl_interfaces.msg import ParameterType
+    from rcl_interfaces.srv import SetParametersAtomically
+    from rclpy.parameter import Parameter
+
+    ros, proc = live
+    ok, reason = _set(ros, proc, obs_timeout=0.1)[0]
+    assert not ok, reason
+    assert "unknown parameter(s) 'obs_timeout' (did you mean obs_timeout_s?)" in reason, reason
+    # all or nothing: a known parameter beside an unknown one is not set either
+    req = SetParametersAtomically.Request(
+        parameters=[
+            Parameter("obs_timeout_s", value=3.0).to_parameter_msg(),
+            Parameter("no_such_thing", value=1).to_parameter_msg(),
+        ]
+    )
+    client = ros.client(SetParametersAtomically, proc.service("set_parameters_atomically"))
+    result = ros.call(client, req).result
+    assert not result.successful and "'no_such_thing'" in result.reason, result.reason
+    assert _get(ros, proc, "obs_timeout_s") == [(ParameterType.PARAMETER_DOUBLE, 0.5)]
+
+
 def test_live_parameter_set_is_checked_and_applied(live):
     from rcl_interfaces.msg import ParameterType
 

@@ -31,6 +31,7 @@ import time
 import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, qos_profile_sensor_data
@@ -38,6 +39,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
+from flashrt_ros.capsules.folder_lock import FolderLock, lock_folder
 from flashrt_ros.errors import BadRequest
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
@@ -146,6 +148,18 @@ class FlashrtNode(LifecycleNode):
         )
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
         self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
+        self._dir_lock: FolderLock | None = None  # capsule_dir's, from configure to cleanup
+
+    def set_parameters_atomically(self, parameter_list) -> SetParametersResult:
+        """A set naming a parameter the node does not have is refused with the names (and the
+        parameter meant, when one is close); rclpy raises and its reason lists none. Both
+        parameter services come here (SetParameters one parameter at a time)."""
+        unknown = [p.name for p in parameter_list if not self.has_parameter(p.name)]
+        if unknown:
+            return SetParametersResult(
+                successful=False, reason=params.NODE_PARAMS.unknown_set(unknown)
+            )
+        return super().set_parameters_atomically(parameter_list)
 
     @property
     def engine(self) -> Engine | None:
@@ -183,6 +197,7 @@ class FlashrtNode(LifecycleNode):
                 )
             cameras = parse_cameras(cfg.cameras)
             state_key = self._check_inputs(policy, cameras)
+            self._lock_capsule_dir(cfg.capsule_dir)
             t0 = time.monotonic()
             engine = Engine(
                 policy,
@@ -204,9 +219,11 @@ class FlashrtNode(LifecycleNode):
                 },
             )
         except (ValueError, RuntimeError, OSError) as e:
+            self._unlock_capsule_dir()
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
         except Exception as e:  # rclpy would turn it into ERROR without a word: say what it was
+            self._unlock_capsule_dir()
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
@@ -326,6 +343,25 @@ class FlashrtNode(LifecycleNode):
         # 87 ms on the 2-core CPU machine (ad hoc); cleanup unfreezes and collects them.
         gc.freeze()
         return super().on_configure(state)
+
+    def _lock_capsule_dir(self, folder: str) -> None:
+        """Hold capsule_dir's lock from configure to cleanup (capsules/folder_lock.py): a second
+        node given the same folder fails its configure, naming this one, instead of reloading
+        and deleting this node's capsules and flight dumps."""
+        if not folder:
+            return
+        lock = lock_folder(folder, self.get_fully_qualified_name())
+        self._dir_lock = lock
+        if not lock.held:
+            self.get_logger().warning(
+                f"capsule_dir {lock.folder} is used without its lock ({lock.why_unlocked}): "
+                "nothing keeps a second node off it"
+            )
+
+    def _unlock_capsule_dir(self) -> None:
+        lock, self._dir_lock = self._dir_lock, None
+        if lock is not None:
+            lock.release()
 
     def _warmed_note(self, cuda: bool) -> str:
         """What main.py's context warmer did, for the start-up log ("" when there was none, or
@@ -560,6 +596,7 @@ class FlashrtNode(LifecycleNode):
         gc.collect()  # old engine and compiled code included, before the cache is emptied
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        self._unlock_capsule_dir()  # after the flight dumps' writes (settle) and the engine
 
     # -- inputs ------------------------------------------------------------------------------------
     def _refuse(self, why: str, stepping: bool = False) -> None:

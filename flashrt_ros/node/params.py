@@ -328,6 +328,17 @@ class ParamTable:
             out.append(f"    {p.name}: {p.yaml_value()}")
         return "\n".join(out) + "\n"
 
+    def hint(self, name: str) -> str:
+        """' (did you mean X?)' for a misspelt parameter name close to one of ours, else ''."""
+        close = difflib.get_close_matches(name, self.names, n=1)
+        return f" (did you mean {close[0]}?)" if close else ""
+
+    def unknown_set(self, names: Sequence[str]) -> str:
+        """Why a `ros2 param set` of parameters the node does not have is refused: rclpy's own
+        reason lists no name ("undeclared parameter(s): []")."""
+        said = "; ".join(f"{n!r}{self.hint(n)}" for n in names)
+        return f"unknown parameter(s) {said}: nothing was set; parameters: {', '.join(self.names)}"
+
     # -- ROS -------------------------------------------------------------------------------------
     def check(self, node, argv: Sequence[str] | None = None) -> Any:
         """The config that `node`'s --params-file and -p overrides give, or ParamError listing
@@ -382,10 +393,9 @@ class ParamTable:
             if n not in self.params and not any(fnmatch.fnmatch(n, o) for o in _RCLPY_OWN)
         )
         for n in unknown:
-            close = difflib.get_close_matches(n, self.names, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
             node.get_logger().warning(
-                f"unknown parameter {n!r} ignored{hint}; parameters: {', '.join(self.names)}"
+                f"unknown parameter {n!r} ignored{self.hint(n)}; "
+                f"parameters: {', '.join(self.names)}"
             )
         fqn = node.get_fully_qualified_name()
         for warning in unmatched_params_files(sys.argv if argv is None else argv, fqn):
@@ -841,7 +851,8 @@ NODE_PARAMS = ParamTable(
             "capsule_dir",
             "",
             "string",
-            "folder for persisted capsules, reloaded at configure ('' = none; made when missing)",
+            "folder for persisted capsules, reloaded at configure ('' = none; made when "
+            "missing); one node's: a second node given it fails its configure",
         ),
         Param(
             "compile_cache_dir",

@@ -8,6 +8,17 @@ a robot (a NaN or Inf action), or the device failed (CUDA error, out of memory).
 
 from __future__ import annotations
 
+SHOWN_CHARS = 80  # of a name or reference echoed in an error
+
+
+def shown(x: object) -> str:
+    """repr(x) for an error message, a long string cut to its first SHOWN_CHARS characters: a
+    client that sends a 10 kB name gets a readable reply, and the node's log does not grow by
+    10 kB a refusal."""
+    if isinstance(x, str) and len(x) > SHOWN_CHARS:
+        return f"{x[:SHOWN_CHARS]!r}... ({len(x)} characters)"
+    return repr(x)
+
 
 class FlashrtError(Exception):
     """Base of every error flashrt_ros raises on purpose."""

@@ -88,6 +88,8 @@ def test_rewind_keep_refusals_diagnostics_and_bounded_automatic_dumps(ros, tmp_p
         ({"steps_back": 1, "session": "_rollout"}, "reserved"),
         ({"stamp": stamp(0, -1)}, "no recorded tick"),
         ({"stamp": Time(sec=5)}, "no recorded tick"),
+        ({"stamp": Time(sec=T0 + 30, nanosec=4294967295)}, "nanosec must be in [0, 999999999]"),
+        ({"session": "_" + "x" * 10000, "steps_back": 1}, "... (10001 characters)"),
     ):
         r = rewind(**fields)
         assert not r.success and needle in r.message, (fields, r.message)

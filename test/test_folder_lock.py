@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,24 @@ def test_two_nodes_on_one_capsule_dir_the_second_fails_and_the_first_keeps_its_c
     again = ros.start_node(params, namespace="right")
     assert [c.name for c in NodeClient(ros, again).call("list_capsules").capsules] == ["grasp"]
     again.stop()
+
+
+def test_a_transition_that_raises_gives_the_folder_back(ros, tmp_path):
+    """rclpy puts a node whose transition raised in unconfigured (on_error): it must not keep
+    capsule_dir's lock (and its engine), or its own next configure, and any other node, found
+    the folder in use."""
+    capdir = tmp_path / "capsules"
+    params = {"trigger": "observation", "device": "cpu", "capsule_dir": str(capdir)}
+    faulty = ros.start_node(
+        params, namespace="left", executable=Path(__file__).with_name("fault_node.py")
+    )
+    # the traceback rclpy drops is in the log
+    assert ros.spin_until(lambda: "injected" in faulty.log_tail(200), 30), faulty.log_tail()
+    other = ros.start_node(params, namespace="right")  # exited 2 while the folder was held
+    assert other.alive, other.log_tail()
+    assert [c.name for c in NodeClient(ros, other).call("list_capsules").capsules] == []
+    said = faulty.log_tail(200)
+    assert "on_activate raised" in said and "RuntimeError: injected" in said, said
+    assert "engine and capsule_dir released, configure again to serve" in said, said
+    other.stop()
+    faulty.stop()

@@ -295,18 +295,20 @@ def test_stop_says_when_the_thread_is_still_in_a_tick_and_it_ends_after_that_tic
 
 def test_a_rollout_priced_by_one_slow_first_step_still_finds_room_at_200hz():
     """A rollout step waits for a gap between control ticks as long as its price
-    (EngineLock.background). Its price was the median of the 2 ms seed and the steps so far,
-    so one slow first step (a scratch session captured on first use, cold caches, the OS: 17.6
+    (EngineLock.background). Its price was the median of a 2 ms seed and the steps so far, so
+    one slow first step (a scratch session captured on first use, cold caches, the OS: 17.6
     ms) priced the next at 9.8 ms: no 5 ms period has room for that, and the rollout waited 10
-    s and failed. step_cost keeps the cheapest guess until three steps are measured."""
+    s and failed. step_cost counts the live session's step time twice beside the steps."""
     from flashrt_ros.errors import CapacityError
-    from flashrt_ros.node.services import step_cost
+    from flashrt_ros.node.services import FIRST_STEP_COST_S, step_cost
 
-    assert step_cost([]) == 0.002
-    assert step_cost([0.012]) == 0.002  # one slow step does not set the price
-    assert step_cost([0.012, 0.0015]) == 0.0015
-    assert step_cost([0.012, 0.008, 0.008]) == 0.008  # a policy that is that slow: priced so
-    assert step_cost([0.001] * 10 + [0.05] * 4) == 0.001  # preemptions are not the new cost
+    assert step_cost([]) == FIRST_STEP_COST_S  # nothing stepped yet: the seed
+    assert step_cost([0.0176]) == 0.002  # one slow step does not set the price
+    assert step_cost([0.0176, 0.0015], prior=0.0015) == 0.0015
+    # a policy slower than the period is priced so from the start: its live steps are slow too
+    assert step_cost([], prior=0.02) == 0.02
+    assert step_cost([0.008] * 3) == 0.008  # and once three steps say so, from the third on
+    assert step_cost([0.001] * 10 + [0.05] * 4, prior=0.001) == 0.001  # preemptions: no price
 
     lock = EngineLock()
 
@@ -319,7 +321,7 @@ def test_a_rollout_priced_by_one_slow_first_step_still_finds_room_at_200hz():
     try:
         time.sleep(0.1)
         t0 = time.monotonic()
-        with lock.background(step_cost([0.012]), give_up_s=5.0):
+        with lock.background(step_cost([0.0176]), give_up_s=5.0):
             pass
         assert time.monotonic() - t0 < 1.0
         with pytest.raises(CapacityError, match="no room for a 9.8 ms step"):

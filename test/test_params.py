@@ -381,7 +381,9 @@ def test_a_set_of_a_parameter_the_node_lacks_names_it_and_the_one_meant(live):
     ros, proc = live
     ok, reason = _set(ros, proc, obs_timeout=0.1)[0]
     assert not ok, reason
-    assert "unknown parameter(s) 'obs_timeout' (did you mean obs_timeout_s?)" in reason, reason
+    assert "the node has no parameter 'obs_timeout' (did you mean obs_timeout_s?)" in reason
+    ok, reason = _set(ros, proc, use_sim_tme=True)[0]  # rclpy's own parameters are meant too
+    assert not ok and "(did you mean use_sim_time?)" in reason, reason
     # all or nothing: a known parameter beside an unknown one is not set either
     req = SetParametersAtomically.Request(
         parameters=[

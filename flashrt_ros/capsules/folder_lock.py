@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 from pathlib import Path
 
 from flashrt_ros.errors import BadRequest
 
 LOCK_NAME = ".flashrt.lock"
+
+log = logging.getLogger(__name__)
 
 
 class FolderLock:
@@ -48,17 +51,23 @@ def lock_folder(folder: str | Path, owner: str) -> FolderLock:
     d = Path(folder).expanduser()
     if os.path.lexists(d) and not d.is_dir():
         raise BadRequest(f"capsule_dir {d} is not a folder")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
+    if not os.path.lexists(d):  # a fresh robot: made, as the capsule store would make it
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
+        log.info("capsule_dir %s did not exist: created it", d)
     path = d / LOCK_NAME
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
     except OSError as e:
-        if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        if e.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+            raise BadRequest(f"cannot open the lock file {path}: {e.strerror}") from None
+        try:  # another user's lock file (a run with sudo): flock needs no write access
+            fd = os.open(path, os.O_RDONLY | flags)
+        except OSError:  # none there, and none can be made: nothing here can be changed either
             return FolderLock(d, None, f"cannot write {path}: {e.strerror}")
-        raise BadRequest(f"cannot open the lock file {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from flashrt_ros.errors import BadName
+from flashrt_ros.errors import BadName, shown
 
 CAPSULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SESSION_NAME = re.compile(r"[A-Za-z0-9_]{1,32}")
@@ -26,17 +26,18 @@ def check_capsule_name(name: str) -> str:
     """The name, or BadName saying which rule it breaks."""
     if not isinstance(name, str) or not CAPSULE_NAME.fullmatch(name):
         raise BadName(
-            f"bad capsule name {name!r}: use 1-64 of [A-Za-z0-9_.-], "
+            f"bad capsule name {shown(name)}: use 1-64 of [A-Za-z0-9_.-], "
             "starting with a letter or digit"
         )
     if CAPSULE_ID.fullmatch(name):
         raise BadName(
-            f"capsule name {name!r} is reserved: names of the form c<digits> are capsule ids"
+            f"capsule name {name!r} is reserved: names of the form c<digits> (or C<digits>) "
+            "are capsule ids"
         )
     return name
 
 
 def check_session_name(name: str) -> str:
     if not isinstance(name, str) or not SESSION_NAME.fullmatch(name):
-        raise BadName(f"bad session name {name!r}: use 1-32 of [A-Za-z0-9_]")
+        raise BadName(f"bad session name {shown(name)}: use 1-32 of [A-Za-z0-9_]")
     return name

@@ -20,7 +20,7 @@ from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.cuda.copy import copy_bytes
-from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference
+from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference, shown
 
 
 @dataclass
@@ -73,7 +73,7 @@ class CapsulePool:
             cap = next((c for c in self.caps.values() if c.info.name == ref), None)
         if cap is None:
             raise UnknownReference(
-                f"unknown capsule {ref!r} (list_capsules shows the live ones)"
+                f"unknown capsule {shown(ref)} (list_capsules shows the live ones)"
                 + self.missing_hint(ref)
             )
         return cap

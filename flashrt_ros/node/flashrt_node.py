@@ -23,10 +23,13 @@ and the session stays poisoned (no step, no command) until ~/reset_session, ~/re
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import threading
 import time
+import traceback
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -75,6 +78,21 @@ from flashrt_ros.runtime.engine import Engine
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
 FUSE_WAIT_S = 300.0  # cleanup waits this long for a fused step still building
 EXIT_FUSE_WAIT_S = 5.0  # and an exit this long, once the build was cancelled
+
+
+def _says_why(transition: Callable) -> Callable:
+    """Log the traceback of a transition that raises, then let rclpy have it: rclpy turns it
+    into an error transition (on_error) without a word."""
+
+    @functools.wraps(transition)
+    def run(self, state):
+        try:
+            return transition(self, state)
+        except Exception:
+            self.get_logger().error(f"{transition.__name__} raised:\n{traceback.format_exc()}")
+            raise
+
+    return run
 
 
 class FlashrtNode(LifecycleNode):
@@ -156,9 +174,9 @@ class FlashrtNode(LifecycleNode):
         parameter services come here (SetParameters one parameter at a time)."""
         unknown = [p.name for p in parameter_list if not self.has_parameter(p.name)]
         if unknown:
-            return SetParametersResult(
-                successful=False, reason=params.NODE_PARAMS.unknown_set(unknown)
-            )
+            declared = sorted(self.get_parameters_by_prefix(""))
+            reason = params.NODE_PARAMS.unknown_set(unknown, declared)
+            return SetParametersResult(successful=False, reason=reason)
         return super().set_parameters_atomically(parameter_list)
 
     @property
@@ -182,6 +200,7 @@ class FlashrtNode(LifecycleNode):
         return self.control.lock
 
     # -- lifecycle ---------------------------------------------------------------------------------
+    @_says_why
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
             cfg = params.read(self)
@@ -426,6 +445,7 @@ class FlashrtNode(LifecycleNode):
         match_policy(cameras, images)
         return vectors[0] if images else ""
 
+    @_says_why
     def on_activate(self, state) -> TransitionCallbackReturn:
         with self._inputs.lock:  # between two messages of the inputs' loop
             with self._obs_lock:
@@ -458,6 +478,7 @@ class FlashrtNode(LifecycleNode):
         self.get_logger().info(f"active: {self.cfg.trigger} trigger, live session {self.live!r}")
         return super().on_activate(state)
 
+    @_says_why
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         with self.control.lock:  # a step in flight finishes first; none starts after this
             self.active = False
@@ -468,11 +489,13 @@ class FlashrtNode(LifecycleNode):
         self.get_logger().info("inactive: no more commands, the robot holds")
         return super().on_deactivate(state)
 
+    @_says_why
     def on_cleanup(self, state) -> TransitionCallbackReturn:
         self._release()
         self.get_logger().info("cleaned up: engine and GPU memory freed")
         return super().on_cleanup(state)
 
+    @_says_why
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.active = False
         self._hold()  # from active: the publishers still publish (after any output in flight)
@@ -484,6 +507,20 @@ class FlashrtNode(LifecycleNode):
             "process to serve again"
         )
         return super().on_shutdown(state)
+
+    def on_error(self, state) -> TransitionCallbackReturn:
+        """A transition raised: rclpy then puts the node in unconfigured. Hold, stop and
+        release what configure made (the engine, the capsule_dir lock), so that the next
+        configure starts clean instead of finding its own lock held."""
+        self.get_logger().error(
+            f"a lifecycle transition from {state.label} raised (see above): the robot holds; "
+            "engine and capsule_dir released, configure again to serve"
+        )
+        self.active = False
+        self._hold()
+        self._stop_loop()
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
 
     def _stop_loop(self) -> None:
         if self._loop is not None:

@@ -71,6 +71,14 @@ def stamp_ns(stamp) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
+def asked_stamp_ns(stamp) -> int:
+    """A request's stamp as stamp_ns, or BadRequest for a time that is none (nanosec >= 1e9:
+    4294967295 was taken as 4.29 s more)."""
+    if not 0 <= int(stamp.nanosec) < 1_000_000_000:
+        raise BadRequest(f"stamp.nanosec must be in [0, 999999999], got {int(stamp.nanosec)}")
+    return stamp_ns(stamp)
+
+
 class StampRing:
     """(step, line, stamp) of a session's last N ticks in preallocated slots: a tick writes three
     slots and allocates nothing. `line` is the session's parent_id at that tick, so a stamp of
@@ -431,7 +439,7 @@ class FlightServices:
             self.ctl.timed(t0, "rewind")
 
     def _rewind(self, req, resp):
-        by_stamp = stamp_ns(req.stamp)
+        by_stamp = asked_stamp_ns(req.stamp)
         with self.ctl.lock:
             eng = self._engine_or_refuse()
             session = self.ctl.user_session(eng, req.session)

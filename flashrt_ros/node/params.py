@@ -328,16 +328,17 @@ class ParamTable:
             out.append(f"    {p.name}: {p.yaml_value()}")
         return "\n".join(out) + "\n"
 
-    def hint(self, name: str) -> str:
-        """' (did you mean X?)' for a misspelt parameter name close to one of ours, else ''."""
-        close = difflib.get_close_matches(name, self.names, n=1)
+    def hint(self, name: str, names: Sequence[str] | None = None) -> str:
+        """' (did you mean X?)' for a misspelt parameter name close to one of `names` (default:
+        this table's), else ''."""
+        close = difflib.get_close_matches(name, self.names if names is None else names, n=1)
         return f" (did you mean {close[0]}?)" if close else ""
 
-    def unknown_set(self, names: Sequence[str]) -> str:
-        """Why a `ros2 param set` of parameters the node does not have is refused: rclpy's own
-        reason lists no name ("undeclared parameter(s): []")."""
-        said = "; ".join(f"{n!r}{self.hint(n)}" for n in names)
-        return f"unknown parameter(s) {said}: nothing was set; parameters: {', '.join(self.names)}"
+    def unknown_set(self, unknown: Sequence[str], declared: Sequence[str]) -> str:
+        """Why a set of parameters the node does not have (`declared`: those it has) is
+        refused: rclpy's own reason lists no name ("undeclared parameter(s): []")."""
+        said = "; ".join(f"{n!r}{self.hint(n, declared)}" for n in unknown)
+        return f"the node has no parameter {said}; parameters: {', '.join(self.names)}"
 
     # -- ROS -------------------------------------------------------------------------------------
     def check(self, node, argv: Sequence[str] | None = None) -> Any:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from rclpy.task import Future
 
-from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference
+from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference, shown
 from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.logs import FastLog
 from flashrt_ros.node.loop import EngineLock, name_os_thread
@@ -45,17 +45,18 @@ from flashrt_ros.srv import (
 FIRST_STEP_COST_S = 0.002  # a rollout step's cost before one is measured (CPU: ~1.5 ms)
 
 
-def step_cost(measured: Sequence[float]) -> float:
-    """What the next rollout step is expected to take, from the last steps' times.
+def step_cost(measured: Sequence[float], prior: float = FIRST_STEP_COST_S) -> float:
+    """What the next rollout step is expected to take: the median of `prior` (the live
+    session's step time, the same engine's step), counted twice, and the last 15 steps' times.
 
     The first steps of a rollout are often slow (cold caches; a scratch session captured on
-    first use), and the OS preempts one now and then. A price set by one such step can fit in
-    no gap between control ticks: the rollout then waited 10 s and failed (9 of 1326 rollouts
-    at 200 Hz on a loaded 2-core machine). So, until three steps are measured, the cheapest
-    guess so far counts (the 2 ms seed among them); from then on, the median of the last 15."""
-    if len(measured) < 3:
-        return min([FIRST_STEP_COST_S, *measured])
-    return float(np.median(measured[-15:]))
+    first use), and the OS preempts one now and then. When the first measured step set the
+    price (the median of a 2 ms seed and it), one slow step (17.6 ms) asked for a gap no 5 ms
+    period has: the rollout waited 10 s and failed (9 of 1326 rollouts at 200 Hz on a loaded
+    2-core machine). With the prior counted twice, one or two outliers move nothing, a policy
+    slower than the period is priced so from the first step (its live steps are that slow
+    too), and from the third step on the measured times decide."""
+    return float(np.median([prior, prior, *list(measured)[-15:]]))
 
 
 class Control:
@@ -122,7 +123,7 @@ class Control:
         """An existing user session ("" = the live one)."""
         s = name or self.live
         if s.startswith("_"):
-            raise BadName(f"session {s!r} is reserved (internal)")
+            raise BadName(f"session {shown(s)} is reserved (internal)")
         eng.session(s)  # UnknownReference naming the sessions there are
         return s
 
@@ -462,7 +463,8 @@ class CapsuleServices:
             mine = eng.session(target)
             line = mine.generation
         recent: collections.deque[float] = collections.deque(maxlen=15)
-        cost = step_cost(recent)
+        prior = self._step_prior()
+        cost = step_cost(recent, prior)
         actions = np.empty((n, eng.action_dim))
         limit = float(ctl.cfg.rollout_timeout_s)  # a rollout keeps the limit it began with
         end = time.monotonic() + limit if limit > 0 else None
@@ -507,8 +509,15 @@ class CapsuleServices:
                 actions[i] = eng.step(rows[i], session=target)
                 dt = time.perf_counter() - t
             recent.append(dt)
-            cost = step_cost(list(recent))
+            cost = step_cost(recent, prior)
         return actions
+
+    def _step_prior(self) -> float:
+        """The live session's median step time (s), or FIRST_STEP_COST_S before it stepped."""
+        stats = self.ctl.stats
+        with stats.lock:
+            steps = stats.step_us.values().copy()
+        return float(np.median(steps)) * 1e-6 if len(steps) else FIRST_STEP_COST_S
 
     @staticmethod
     def _session_or_none(eng, name: str):

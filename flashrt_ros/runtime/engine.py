@@ -34,6 +34,7 @@ from flashrt_ros.errors import (
     CapacityError,
     StepFault,
     UnknownReference,
+    shown,
 )
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
@@ -301,7 +302,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         s = self._sessions.get(ref_arg(name, "session"))
         if s is None:
             raise UnknownReference(
-                f"unknown session {name!r} (sessions: {', '.join(self.sessions())})"
+                f"unknown session {shown(name)} (sessions: {', '.join(self.sessions())})"
             )
         return s
 
@@ -310,7 +311,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         if not isinstance(name, str):
             raise BadName(f"session name must be a string, got {type(name).__name__} {name!r}")
         if name.startswith("_"):
-            raise BadName(f"session name {name!r}: names starting with '_' are reserved")
+            raise BadName(f"session name {shown(name)}: names starting with '_' are reserved")
         check_session_name(name)
         return name
 

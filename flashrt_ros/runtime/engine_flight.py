@@ -15,7 +15,7 @@ from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
 from flashrt_ros.capsules.pool import CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore
-from flashrt_ros.errors import BadName, BadRequest, UnknownReference
+from flashrt_ros.errors import BadName, BadRequest, UnknownReference, shown
 from flashrt_ros.runtime.args import bool_arg
 from flashrt_ros.runtime.flight import (
     check_int,
@@ -39,7 +39,9 @@ class FlightVerbs:
     def _flight_session(self, session: str) -> Session:
         """A user session (UnknownReference for an internal one: it has no ring)."""
         if isinstance(session, str) and session.startswith("_"):
-            raise UnknownReference(f"unknown session {session!r} (sessions: {self.sessions()})")
+            raise UnknownReference(
+                f"unknown session {shown(session)} (sessions: {self.sessions()})"
+            )
         return self.session(session)
 
     def flight(self, session: str = "main") -> list[int]:

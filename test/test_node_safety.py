@@ -420,3 +420,33 @@ def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):
     assert len(c.commands) == k + 1, "a stale observation was stepped on"
     c.step(OBS[7])  # a fresh one steps
     assert len(c.commands) == k + 2
+
+
+def test_a_signal_in_a_deferred_block_ends_it_after_the_block_not_inside():
+    """main.py imports torch in Interrupts.deferred(): torch's import runs Python called back
+    from C++, where a KeyboardInterrupt raised by the handler aborted the process (status -6,
+    std::terminate) instead of ending it with 0. The signal is kept for the block's end."""
+    import os
+    import signal
+
+    from flashrt_ros.node.signals import Interrupts
+
+    interrupts = Interrupts()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupts.install()
+    after = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now (between two bytecodes)
+                after.append("the block went on")
+                os.kill(os.getpid(), signal.SIGINT)  # a second one changes nothing
+                time.sleep(0.05)
+                after.append("to its end")
+        assert after == ["the block went on", "to its end"] and interrupts.signalled
+        with interrupts.deferred():  # nothing pending: a block after it ends plainly
+            pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -150,7 +150,8 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             t_imports = time.monotonic()
             # the device's context is made beside the imports (cuda/prewarm.py says why)
             warmer = warm_context(cfg.device)
-            from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
+            with interrupts.deferred():  # a signal in torch's import ends the start after it
+                from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
             unforward = forward_core_logs(node.get_logger())  # the core's `logging` records

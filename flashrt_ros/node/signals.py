@@ -17,10 +17,11 @@ handler. A kill -9 can do none of this.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class Interrupts:
@@ -31,6 +32,8 @@ class Interrupts:
     def __init__(self) -> None:
         self.stopping = False
         self.signalled = False  # a signal came (stopping is also set by main.py's clean-up)
+        self._defer = False  # inside deferred(): a signal is kept for the block's end
+        self._pending = False
         # set by main.py once the node exists: the hold (FlashrtNode.hold_for_exit)
         self.before_exit: Callable[[], None] | None = None
         self.log: Callable[[str], None] | None = None  # where a failed hold is reported
@@ -39,8 +42,26 @@ class Interrupts:
         signal.signal(signal.SIGINT, self)
         signal.signal(signal.SIGTERM, self)
 
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A signal during the block ends the process at the block's end, not inside it. The
+        imports of torch run Python called back from C++ (pybind11): a KeyboardInterrupt raised
+        there met C++ that does not expect it, and the process aborted (std::terminate, status
+        -6) instead of ending cleanly (a SIGTERM 1 s into a start, 1 run in about 20)."""
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+        if self._pending:  # raised here, in plain Python
+            self._pending = False
+            raise KeyboardInterrupt
+
     def __call__(self, signum, frame) -> None:
         if self.stopping:
+            return
+        if self._defer:
+            self.stopping = self.signalled = self._pending = True
             return
         self.stopping = self.signalled = True
         hold = self.before_exit

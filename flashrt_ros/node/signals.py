@@ -47,7 +47,7 @@ class Interrupts:
         """A signal during the block ends the process at the block's end, not inside it. The
         imports of torch run Python called back from C++ (pybind11): a KeyboardInterrupt raised
         there met C++ that does not expect it, and the process aborted (std::terminate, status
-        -6) instead of ending cleanly (a SIGTERM 1 s into a start, 1 run in about 20)."""
+        -6) instead of ending cleanly (a fresh-clone run's SIGTERM 1 s into a start)."""
         self._defer = True
         try:
             yield

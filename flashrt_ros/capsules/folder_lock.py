@@ -12,15 +12,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 from pathlib import Path
 
+from flashrt_ros.capsules.store import make_folder
 from flashrt_ros.errors import BadRequest
 
 LOCK_NAME = ".flashrt.lock"
-
-log = logging.getLogger(__name__)
 
 
 class FolderLock:
@@ -48,15 +46,7 @@ def lock_folder(folder: str | Path, owner: str) -> FolderLock:
     not exist. BadRequest naming the holder when another process (or another lock in this one)
     has it. A folder where the lock file cannot be written (read-only: nothing in it can be
     changed either) is used unlocked, and the returned lock says why."""
-    d = Path(folder).expanduser()
-    if os.path.lexists(d) and not d.is_dir():
-        raise BadRequest(f"capsule_dir {d} is not a folder")
-    if not os.path.lexists(d):  # a fresh robot: made, as the capsule store would make it
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
-        log.info("capsule_dir %s did not exist: created it", d)
+    d = make_folder(Path(folder).expanduser())
     path = d / LOCK_NAME
     flags = os.O_NOFOLLOW | os.O_CLOEXEC
     try:

@@ -59,6 +59,21 @@ class NotLoaded(NamedTuple):
     reason: str
 
 
+def make_folder(d: Path) -> Path:
+    """capsule_dir, made when missing (a fresh robot, as the flight dumps make theirs), or
+    BadRequest when it cannot be made or is no folder. Another process making it first is
+    fine."""
+    if not os.path.lexists(d):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
+        log.info("capsule_dir %s did not exist: created it", d)
+    if not d.is_dir():
+        raise BadRequest(f"capsule_dir {d} is not a folder")
+    return d
+
+
 class CapsuleStore:
     """Capsule files for one engine: its fingerprint and layout go into every header, and a file
     of another fingerprint or layout is refused on load."""
@@ -270,14 +285,7 @@ class CapsuleStore:
         d = self.folder
         if d is None:
             return
-        if not os.path.lexists(d):  # a fresh robot: made, as the flight dumps make theirs
-            try:  # another node sharing it may make it first: then it is there, fine
-                d.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise BadRequest(f"cannot create capsule_dir {d}: {e.strerror}") from None
-            log.info("capsule_dir %s did not exist: created it", d)
-        if not d.is_dir():
-            raise BadRequest(f"capsule_dir {d} is not a folder")
+        make_folder(d)
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:

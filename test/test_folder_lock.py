@@ -53,6 +53,38 @@ def test_the_lock_of_a_killed_process_is_free_at_once(tmp_path):
     lock_folder(tmp_path, "me").release()  # no stale lock after kill -9
 
 
+def test_a_holder_that_could_not_write_its_name_is_not_named_after_an_earlier_one(tmp_path):
+    """A node that took another user's lock file read-only cannot write its name into it: the
+    text names an earlier holder, whose pid has ended, and the refusal must not blame it."""
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    (tmp_path / LOCK_NAME).write_text(f"/old/flashrt (pid {gone.stdout.strip()})\n")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; "
+            f"fd = os.open({str(tmp_path / LOCK_NAME)!r}, os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BadRequest) as refused:
+            lock_folder(tmp_path, "me")
+        assert "in use by another process" in str(refused.value)
+        assert "/old/flashrt" not in str(refused.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+
+
 def test_a_folder_that_cannot_be_written_is_used_unlocked_and_says_why(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")

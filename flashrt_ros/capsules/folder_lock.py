@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 from pathlib import Path
 
 from flashrt_ros.capsules.store import make_folder
@@ -61,7 +62,7 @@ def lock_folder(folder: str | Path, owner: str) -> FolderLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        holder = _read(fd)
+        holder = _holder(_read(fd))
         os.close(fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise BadRequest(f"cannot lock {path}: {e.strerror}") from None
@@ -80,3 +81,19 @@ def _read(fd: int) -> str:
     with contextlib.suppress(OSError):
         return os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
     return ""
+
+
+def _holder(text: str) -> str:
+    """The lock file's text when it can name the holder: its pid still runs. A holder that
+    took the lock read-only (another user's file) could not write its own name, so the text
+    may be an earlier holder's; the pid check catches that one once it has ended."""
+    m = re.search(r"\(pid (\d+)\)$", text)
+    if m is None:
+        return ""
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return ""
+    except (PermissionError, OverflowError, ValueError):
+        pass  # another user's process: it runs
+    return text

@@ -497,11 +497,8 @@ class FlashrtNode(LifecycleNode):
 
     @_says_why
     def on_shutdown(self, state) -> TransitionCallbackReturn:
-        self.active = False
-        self._hold()  # from active: the publishers still publish (after any output in flight)
         self.control.finalized = True  # no transition leaves finalized: requests say so
-        self._stop_loop()
-        self._release()
+        self._wind_down()
         self.get_logger().info(
             "finalized (lifecycle shutdown): no more commands, the robot holds; restart the "
             "process to serve again"
@@ -516,11 +513,16 @@ class FlashrtNode(LifecycleNode):
             f"a lifecycle transition from {state.label} raised (see above): the robot holds; "
             "engine and capsule_dir released, configure again to serve"
         )
+        self._wind_down()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _wind_down(self) -> None:
+        """Stop commanding (the robot holds; the publishers still publish, after any output in
+        flight), stop the loop, release the engine and the capsule_dir lock."""
         self.active = False
         self._hold()
         self._stop_loop()
         self._release()
-        return TransitionCallbackReturn.SUCCESS
 
     def _stop_loop(self) -> None:
         if self._loop is not None:

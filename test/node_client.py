@@ -71,6 +71,7 @@ class NodeClient:
         self.commands: list[np.ndarray] = []
         self.diagnostics: list[dict] = []  # key/values, plus "_level" (int) and "_message"
         self.goals_applied = 0
+        self.goal_echo: list[float] | None = None  # the last ~/goal_applied
         self._js = n.create_publisher(JointState, proc.topic("joint_states"), 100)
         self._goal = n.create_publisher(Float64MultiArray, proc.topic("goal"), 10)
         self._cmd_sub = n.create_subscription(
@@ -111,6 +112,7 @@ class NodeClient:
 
     def _on_goal_applied(self, msg) -> None:
         self.goals_applied += 1
+        self.goal_echo = list(msg.data)
 
     def publish(self, obs, names=JOINTS) -> None:
         self._js.publish(joint_state(obs, names))
@@ -129,9 +131,13 @@ class NodeClient:
         return np.array([self.step(o) for o in obs_rows])
 
     def set_goal(self, goal) -> None:
-        n = self.goals_applied
-        self._goal.publish(Float64MultiArray(data=[float(g) for g in goal]))
-        assert self.ros.spin_until(lambda: self.goals_applied > n, 10), "goal not applied"
+        """Publish a goal and wait for its echo (a restore's or reset's echo of the goal it
+        brought back may come after the reply: it is not this goal's)."""
+        n, data = self.goals_applied, [float(g) for g in goal]
+        self._goal.publish(Float64MultiArray(data=data))
+        assert self.ros.spin_until(lambda: self.goals_applied > n and self.goal_echo == data, 10), (
+            "goal not applied"
+        )
 
     def call(self, service: str, /, **fields):
         typ = {
@@ -169,6 +175,22 @@ class NodeClient:
             f"no such diagnostics; last: {self.diagnostics[-1:]}"
         )
         return next(d for d in self.diagnostics[n:] if pred(d))
+
+
+def late_goal_echo(ros, proc) -> list[float]:
+    """What a subscriber that joins now (a planner started late) reads on the latched
+    ~/goal_applied: the goal the node says its live session heads for."""
+    got: list[list[float]] = []
+    latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
+    sub = ros.node.create_subscription(
+        Float64MultiArray, proc.service("goal_applied"), lambda m: got.append(list(m.data)), latched
+    )
+    try:
+        assert ros.spin_until(lambda: got, 10), "nothing latched on ~/goal_applied"
+        ros.spin_for(0.2)  # an echo in flight as it joined comes after the latched one
+        return got[-1]
+    finally:
+        ros.node.destroy_subscription(sub)
 
 
 def set_params(ros, proc, **values) -> list[tuple[bool, str]]:

@@ -15,7 +15,7 @@ from lifecycle_msgs.srv import ChangeState
 from sensor_msgs.msg import JointState
 
 from flashrt_ros.srv import DumpFlight, Rewind
-from test.node_client import JOINTS, NodeClient
+from test.node_client import JOINTS, NodeClient, late_goal_echo
 from test.ros_helpers import importable_tests
 
 RING = 8
@@ -212,7 +212,11 @@ def test_stamps_follow_the_state_across_a_rewind_and_a_fault(ros, tmp_path):
         n = len(node.commands)
         send(OBS[i], i)
         assert ros.spin_until(lambda n=n: len(node.commands) > n, 10), proc.log_tail()
+    start_goal = late_goal_echo(ros, proc)  # configure latched the engine's initial goal
+    node.set_goal([0.25] * len(start_goal))  # after step 12: a rewind to 9 brings back the first
+    assert late_goal_echo(ros, proc) == [0.25] * len(start_goal)
     assert rewind(steps_back=3).step == 9
+    assert late_goal_echo(ros, proc) == start_goal
     bad = OBS[9].copy()
     bad[3] = 600.0  # step 10 faults on an observation stamped stamp(30)
     send(bad, 30)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from test.engine_util import make_engine, observations
-from test.node_client import JOINTS, NodeClient
+from test.node_client import JOINTS, NodeClient, late_goal_echo
 
 OBS = observations(400, seed=7)
 
@@ -106,6 +106,31 @@ def test_goal_topic_applies_at_the_next_boundary(fresh):
     fresh.set_goal(goal)
     eng.set_goal(goal)
     assert np.array_equal(fresh.run(OBS[10:40]), np.array([eng.step(o) for o in OBS[10:40]]))
+
+
+def test_goal_applied_says_the_goal_a_restore_branch_or_reset_brought_back(fresh):
+    """~/goal_applied is latched: a planner that joins late reads it as the goal the robot heads
+    for, so a request that brings another goal back says it there too."""
+
+    def as_held(g) -> list[float]:  # the goal buffer is float32
+        return np.asarray(g, dtype=np.float32).astype(np.float64).tolist()
+
+    g1, g2, g3 = [0.3] * 6, [-0.2] * 6, [0.1, 0.2, 0.3, -0.1, -0.2, -0.3]
+    fresh.set_goal(g1)
+    cp = fresh.call("checkpoint")
+    fresh.set_goal(g2)
+    assert late_goal_echo(fresh.ros, fresh.proc) == g2
+    assert fresh.call("restore", capsule=cp.capsule.id).success
+    assert late_goal_echo(fresh.ros, fresh.proc) == as_held(g1)
+    r = fresh.call("branch", capsule=cp.capsule.id, session="alt", activate=True, goal=g3)
+    assert r.success, r.message
+    assert late_goal_echo(fresh.ros, fresh.proc) == as_held(g3)
+    fresh.set_goal(g2)
+    assert fresh.call("reset_session").success  # the live session: its initial goal
+    assert late_goal_echo(fresh.ros, fresh.proc) == make_engine().get_goal().tolist()
+    # a session that is not live moves without a word on the live session's echo
+    assert fresh.call("restore", capsule=cp.capsule.id, session="main").success
+    assert late_goal_echo(fresh.ros, fresh.proc) == make_engine().get_goal().tolist()
 
 
 def test_bad_observations_are_refused_counted_and_never_stepped(fresh):

@@ -14,7 +14,7 @@ from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 
 from test.engine_util import make_engine, observations
-from test.node_client import NodeClient
+from test.node_client import NodeClient, late_goal_echo
 
 OBS = observations(200, seed=11)
 
@@ -86,6 +86,8 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
             assert ros.spin_until(lambda: c._js.get_subscription_count() > 0, 20)
             assert ros.spin_until(lambda: c._goal.get_subscription_count() > 0, 20)
             assert ros.spin_until(lambda: c._cmd_sub.get_publisher_count() > 0, 20)
+            # the new engine's goal is latched, not the goal the engine before was given
+            assert late_goal_echo(ros, proc) == make_engine().get_goal().tolist()
         c.set_goal(goal)  # inactive: applied (echoed) all the same
         n = len(c.commands)
         c.publish(OBS[0])

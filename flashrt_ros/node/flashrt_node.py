@@ -160,7 +160,7 @@ class FlashrtNode(LifecycleNode):
         self.service_host.after_replies = self.control.write_said
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
-        self.control.on_moved = self.flight.forget
+        self.control.on_moved = self._on_moved
         self.diagnostics = Diagnostics(
             self, self.diagnostic_array, self.control.lock, group=self._cb_services
         )
@@ -246,6 +246,7 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
+        self._echo_goal(engine, "main")  # the latched echo of an engine before stays no longer
         w = self.context_warmer
         if w is not None and engine.device.type != "cuda" and w.release():
             self.get_logger().info(
@@ -722,6 +723,19 @@ class FlashrtNode(LifecycleNode):
                 return
         self._goal_echo.publish(Float64MultiArray(data=list(msg.data)))
         self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}")
+
+    def _echo_goal(self, eng: Engine, session: str) -> None:
+        """Say on the latched ~/goal_applied the goal the session holds now: a late subscriber
+        (a planner, a monitor) reads the goal the robot heads for, not one a configure, restore,
+        branch, reset or rewind has replaced since."""
+        self._goal_echo.publish(Float64MultiArray(data=eng.get_goal(session).tolist()))
+
+    def _on_moved(self, eng: Engine, session: str) -> None:
+        """A request put the session's state elsewhere (engine lock held): the flight recorder
+        forgets the stamps past it, and the live session's goal is echoed again."""
+        self.flight.forget(eng, session)
+        if session == self.control.live:
+            self._echo_goal(eng, session)
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:

@@ -481,7 +481,7 @@ class FlightServices:
             if target < cur:
                 eng.rewind(cur - target, session)
                 self._moves[session] = self._moves.get(session, 0) + 1
-                self.forget(eng, session)  # steps past the target will be ticked anew
+                self.ctl.on_moved(eng, session)  # steps past the target will be ticked anew
             info = eng.checkpoint(session) if req.keep else None
             evicted = eng.last_evicted if req.keep else []
             step = eng.session_step(session)

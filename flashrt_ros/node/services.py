@@ -81,7 +81,8 @@ class Control:
         # not committed).
         self._said: collections.deque[tuple[bool, str]] = collections.deque()
         # told (engine lock held) when a request put a session's state elsewhere than its last
-        # tick left it: the flight recorder forgets the stamps of steps past it (the node sets it)
+        # tick left it: the flight recorder forgets the stamps of steps past it, and a live
+        # session's goal is echoed again (the node sets it)
         self.on_moved: Callable[[object, str], None] = lambda eng, session: None
 
     def say(self, text: str, warn: bool = False) -> None:
@@ -318,10 +319,10 @@ class CapsuleServices:
             eng = self.ctl.configured()
             goal = list(req.goal) if len(req.goal) else None
             info = eng.branch(req.capsule, req.session, goal=goal)
-            self.ctl.on_moved(eng, req.session)
-            step = eng.session_step(req.session)
             if req.activate:
                 self.ctl.live = req.session
+            self.ctl.on_moved(eng, req.session)  # live first: its goal is echoed
+            step = eng.session_step(req.session)
         resp.success, resp.session, resp.step = True, req.session, step
         resp.message = f"session {req.session!r} forked from {info.id} at step {step}" + (
             " and made live" if req.activate else ""

@@ -39,6 +39,7 @@ class NodeDriver:
         self.ex.add_node(self.n)
         self.commands: list[np.ndarray] = []
         self.goal_echoes = 0
+        self.goal_echo: list[float] | None = None  # the last ~/goal_applied
         self.js = self.n.create_publisher(JointState, f"{ns}/joint_states", 100)
         self.goal_pub = self.n.create_publisher(Float64MultiArray, f"{ns}/goal", 10)
         self.cmd_sub = self.n.create_subscription(
@@ -69,6 +70,7 @@ class NodeDriver:
 
     def _on_echo(self, msg) -> None:
         self.goal_echoes += 1
+        self.goal_echo = list(msg.data)
 
     def _spin_until(self, pred, what: str) -> None:
         end = time.monotonic() + self.timeout
@@ -188,9 +190,11 @@ class NodeDriver:
         self.js.publish(msg)
 
     def goal(self, data: np.ndarray) -> None:
-        n = self.goal_echoes
-        self.goal_pub.publish(Float64MultiArray(data=[float(x) for x in data]))
-        self._spin_until(lambda: self.goal_echoes > n, "goal")
+        """Publish a goal and wait for its own echo: the node also echoes the goal a reset
+        brought back, and that echo may arrive after the reset's reply."""
+        n, sent = self.goal_echoes, [float(x) for x in data]
+        self.goal_pub.publish(Float64MultiArray(data=sent))
+        self._spin_until(lambda: self.goal_echoes > n and self.goal_echo == sent, "goal")
 
     def image(self, event: InputEvent) -> str:
         """Publish one image and wait until the node handled it; "" when it took it."""

@@ -1,8 +1,9 @@
 """What a compressed camera costs: decode_compressed (the node's decode of one
 sensor_msgs/CompressedImage frame) on this machine's CPU, for a 640x480 frame as JPEG (quality
-75 and 90) and PNG, how much of its pace a Python thread keeps meanwhile (the GIL is free
-during the decode), how long Pillow's hand-over of the pixels (tobytes) takes with the GIL held,
-and the gaps another thread sees in its hold of the GIL while frames decode. No ROS, no GPU.
+75 and 90; libjpeg-turbo through simplejpeg) and PNG (Pillow), how much of its pace a Python
+thread keeps meanwhile (the GIL is free during the decode), how long the hand-over of the pixels
+(tobytes) takes with the GIL held, and the gaps another thread sees in its hold of the GIL while
+frames decode. No ROS, no GPU.
 
     python3 bench/compressed_probe.py [--n 200] [--out FILE]
 """
@@ -76,18 +77,26 @@ def pace_kept(data: bytes, seconds: float = 0.3) -> float:
 
 
 def tobytes_us(data: bytes, n: int) -> float:
-    """p50 of Pillow's hand-over of a decoded frame's pixels (Image.tobytes, as
-    decode_compressed does after the decode), which holds the GIL."""
-    from PIL import Image
+    """p50 of the hand-over of a decoded frame's pixels into the bytes object decode_compressed
+    returns (numpy's tobytes after simplejpeg for a JPEG, Pillow's Image.tobytes for a PNG):
+    a copy that holds the GIL."""
+    if data[:2] == b"\xff\xd8":
+        import simplejpeg
 
-    im = Image.open(io.BytesIO(data))
-    im.load()
-    if im.mode != "RGB":
-        im = im.convert("RGB")
+        img = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        handover = img.tobytes
+    else:
+        from PIL import Image
+
+        im = Image.open(io.BytesIO(data))
+        im.load()
+        if im.mode != "RGB":
+            im = im.convert("RGB")
+        handover = im.tobytes
     ts = []
     for _ in range(n):
         t0 = time.perf_counter()
-        im.tobytes()
+        handover()
         ts.append((time.perf_counter() - t0) * 1e6)
     return round(float(np.percentile(ts, 50)), 1)
 

@@ -5,6 +5,7 @@ test_node_cameras.py (builtin:act's module at 24x32, cameras top and wrist)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 
@@ -35,9 +36,9 @@ def encoded(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
 
 
 def test_png_frames_decode_to_their_exact_pixels_and_jpeg_to_pillows():
-    """PNG is lossless: the decoded array is the image. A JPEG gives what Pillow decodes (the
-    same library on both ends, so a test can expect it exactly); grey frames feed a 3-channel
-    input as repeated channels, colour frames a 1-channel input as Pillow's luma."""
+    """PNG is lossless: the decoded array is the image. A JPEG gives what Pillow decodes (both
+    are libjpeg-turbo with its default IDCT, so a test can expect it exactly); grey frames feed
+    a 3-channel input as repeated channels, colour frames a 1-channel input as luma."""
     img = frames(1, 5)[0]
     got = decode_compressed(encoded(img), (H, W, 3))
     assert got.shape == (H, W, 3) and got.dtype == np.uint8 and np.array_equal(got, img)
@@ -49,6 +50,13 @@ def test_png_frames_decode_to_their_exact_pixels_and_jpeg_to_pillows():
     luma = np.asarray(PILImage.fromarray(img).convert("L"))
     assert np.array_equal(decode_compressed(encoded(img), (H, W, 1)), luma)
     assert immutable(decode_compressed(encoded(img), (H, W, 3)))  # staging may keep it
+    assert immutable(decode_compressed(jpg, (H, W, 3)))
+    grey_jpg = encoded(grey, "JPEG", quality=90)
+    want = np.asarray(PILImage.open(io.BytesIO(grey_jpg)).convert("L"))
+    assert np.array_equal(decode_compressed(grey_jpg, (H, W, 3)), np.stack([want] * 3, -1))
+    luma_jpg = PILImage.open(io.BytesIO(jpg))
+    luma_jpg.draft("L", luma_jpg.size)  # libjpeg's own grey output: the frame's Y channel
+    assert np.array_equal(decode_compressed(jpg, (H, W, 1)), np.asarray(luma_jpg))
 
 
 def bomb_header(png: bytes, w: int = 20000, h: int = 20000) -> bytes:
@@ -73,10 +81,34 @@ def test_bad_frames_are_refused_with_the_reason():
         (png[: len(png) // 2], "does not decode"),  # truncated after a valid header
         (bomb_header(png), "far larger than the policy's 32x24"),  # refused before decoding
         (encoded(np.full((H, W), 1000, np.uint16)), "pixel mode 'I;16' is not 8-bit"),
+        (encoded(img[:-2], "JPEG"), "32x22 pixels, the policy takes 32x24"),
+        (b"\xff\xd8\xff" + b"\x00" * 40, "not a JPEG or PNG image"),
     ]
     for data, why in cases:
         with pytest.raises(BadRequest, match=why):
             decode_compressed(data, (H, W, 3), "camera 'top'")
+
+
+def test_a_jpeg_whose_scan_data_is_damaged_is_refused():
+    """A USB camera's MJPEG frame cut short with its end marker put back, or a scan whose
+    entropy-coded data is damaged, decodes with libjpeg warnings into grey or garbled rows:
+    refused, where Pillow hands the rows out. (JPEG has no checksum: damage that decodes
+    without a warning cannot be seen by any decoder.)"""
+    rng = np.random.default_rng(3)
+    img = frames(1, 7)[0]
+    jpg = encoded(img, "JPEG", quality=90)
+    decode_compressed(jpg, (H, W, 3))  # the intact frame decodes
+    cut = jpg[: len(jpg) * 2 // 3] + b"\xff\xd9"
+    with pytest.raises(BadRequest, match="the JPEG data does not decode"):
+        decode_compressed(cut, (H, W, 3), "camera 'top'")
+    big = encoded(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8), "JPEG", quality=90)
+    refused = 0
+    for n in rng.integers(len(big) // 4, len(big) - 10, 40):
+        with contextlib.suppress(BadRequest):
+            decode_compressed(big[:n] + b"\xff\xd9", (240, 320, 3))
+            continue
+        refused += 1
+    assert refused == 40  # every cut frame
 
 
 def test_a_decode_leaves_the_gil_to_other_threads():

@@ -17,7 +17,6 @@ from flashrt_ros.obs.keys import IMAGE_PREFIX
 CAMERA_RE = r"[A-Za-z][A-Za-z0-9_]*(:(rgb8|bgr8|mono8|compressed))?"
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1}  # the encodings served, and their bytes per pixel
 COMPRESSED = "compressed"  # a camera whose JPEG or PNG frames are decoded to rgb8 (or mono8)
-FORMATS = ("JPEG", "PNG")  # what a compressed camera's frames may be
 # Pillow modes of 8-bit (or 1-bit) samples: converted exactly; 16-bit grey and float are not
 EIGHT_BIT = ("1", "L", "LA", "P", "RGB", "RGBA", "CMYK", "YCbCr")
 CAMERA_TEXT = "name, name:encoding or name:compressed; a name is a letter then letters, digits "
@@ -48,17 +47,46 @@ def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") ->
     """A JPEG or PNG frame (the bytes of a sensor_msgs/CompressedImage) as an H x W x 3 RGB
     array (H x W grey for a 1-channel `shape`), or BadRequest. The size is read from the header
     and checked before anything is decoded, so a frame of the wrong size (or a decompression
-    bomb) costs no decode. Other 8-bit modes (grey, palette, RGBA, CMYK) are converted by
-    Pillow; 16-bit grey and float frames (a depth camera on the wrong topic) are refused. A
-    16-bit colour PNG is read by Pillow as 8-bit RGB (the high byte of each sample).
-    The array is a view over a bytes object, so Engine staging may keep it (inputs.immutable)."""
+    bomb) costs no decode. The array is a view over a bytes object, so Engine staging may keep
+    it (inputs.immutable)."""
+    h, w, c = shape
+    jpeg = bytes(data[:2]) == b"\xff\xd8"
+    raw = _decode_jpeg(data, h, w, c, what) if jpeg else _decode_png(data, h, w, c, what)
+    a = np.frombuffer(raw, dtype=np.uint8)
+    return a.reshape(h, w, 3) if c == 3 else a.reshape(h, w)
+
+
+def _decode_jpeg(data, h: int, w: int, c: int, what: str) -> bytes:
+    """libjpeg-turbo through simplejpeg, strict: the warnings libjpeg gives for damaged scan
+    data ("premature end of data segment": a USB camera's frame cut short, an end marker
+    appended; "bad Huffman code") refuse the frame. Pillow only logs them and hands out the
+    grey or garbled rows. JPEG has no checksum: damage that still decodes without a warning
+    cannot be told from a real image by any decoder."""
+    import simplejpeg
+
+    try:
+        fh, fw, _, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, TypeError) as e:
+        raise BadRequest(f"{what}: not a JPEG or PNG image ({e})") from None
+    if (fw, fh) != (w, h):
+        raise BadRequest(f"{what}: {fw}x{fh} pixels, the policy takes {w}x{h}")
+    try:
+        img = simplejpeg.decode_jpeg(data, colorspace="RGB" if c == 3 else "GRAY", strict=True)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise BadRequest(f"{what}: the JPEG data does not decode ({e})") from None
+    return img.tobytes()
+
+
+def _decode_png(data, h: int, w: int, c: int, what: str) -> bytes:
+    """Pillow: other 8-bit modes (grey, palette, RGBA) are converted; 16-bit grey and float
+    frames (a depth camera on the wrong topic) are refused. A 16-bit colour PNG is read as
+    8-bit RGB (the high byte of each sample). Damage is caught by PNG's own CRCs and zlib."""
     import io
 
     from PIL import Image, UnidentifiedImageError
 
-    h, w, c = shape
     try:
-        im = Image.open(io.BytesIO(data), formats=FORMATS)
+        im = Image.open(io.BytesIO(data), formats=("PNG",))
     except Image.DecompressionBombError:  # a header of over ~179 M pixels: not decoded
         raise BadRequest(f"{what}: a frame far larger than the policy's {w}x{h}") from None
     except (UnidentifiedImageError, OSError, ValueError, TypeError) as e:
@@ -71,11 +99,9 @@ def decode_compressed(data, shape: tuple[int, int, int], what: str = "image") ->
     try:
         if im.mode != mode:
             im = im.convert(mode)
-        raw = im.tobytes()
+        return im.tobytes()
     except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt after the header
-        raise BadRequest(f"{what}: the {im.format} data does not decode ({e})") from None
-    a = np.frombuffer(raw, dtype=np.uint8)
-    return a.reshape(h, w, 3) if c == 3 else a.reshape(h, w)
+        raise BadRequest(f"{what}: the PNG data does not decode ({e})") from None
 
 
 def camera_key(name: str) -> str:

@@ -344,3 +344,22 @@ def test_dumps_of_the_running_session_leave_the_loop_its_rate_and_say_what_they_
         f"largest gap between commands during the dumps {gaps.max() * 1e3:.0f} ms "
         f"(period {1e3 / rate:.0f} ms; {len(during)} commands in {t_done - t_call:.2f} s)"
     )
+
+
+def test_a_dump_the_disk_refuses_is_a_refused_request_not_a_fault(ros, tmp_path):
+    """The disk is the operator's (read-only, full, capsule_dir replaced): ~/dump_flight says
+    it cannot write there, as a persisted checkpoint does, and counts no fault of the node."""
+    caps = tmp_path / "capsules"
+    proc = nan_node(ros, caps, RING)
+    node = NodeClient(ros, proc)
+    for o in OBS[:4]:
+        node.step(o)
+    caps.rename(tmp_path / "moved")
+    caps.write_text("not a folder")  # where capsule_dir was
+    d = ros.call(ros.client(DumpFlight, proc.service("dump_flight")), DumpFlight.Request(), 10)
+    assert not d.success and "cannot write the flight dump at" in d.message, d.message
+    assert "fault" not in d.message, d.message
+    diag = node.wait_diag(lambda d: "faults" in d, 5.0)
+    assert diag["faults"] == "0", diag
+    assert caps.read_text() == "not a folder"  # nothing of the operator's touched
+    assert node.step(OBS[4]).shape == (6,)  # and it goes on serving

@@ -740,7 +740,16 @@ class FlightServices:
     def _write(self, snap: Snapshot, base: Path, name: str, tail: str, budget: int | None):
         """Write into a hidden folder of our own, bound it (automatic dumps), then rename it into
         place under a name reserved for it: nobody ever sees half a dump, and no dump replaces
-        another. Returns the files and the folder."""
+        another. Returns the files and the folder. A disk that refuses (read-only, full, no
+        permission) is the operator's to fix, as for a persisted checkpoint: BadRequest saying
+        so, not a fault of the node."""
+        try:
+            return self._write_in(snap, base, name, tail, budget)
+        except OSError as e:
+            where = e.filename or base / FLIGHT_DIR
+            raise BadRequest(f"cannot write the flight dump at {where}: {e.strerror}") from None
+
+    def _write_in(self, snap: Snapshot, base: Path, name: str, tail: str, budget: int | None):
         root = self._root(base)
         tmp = self._fresh(root, f".{name}{tail}", ".partial")
         try:

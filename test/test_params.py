@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -141,6 +142,25 @@ def test_help_lists_every_parameter_and_service():
     for name in shipped:
         snake = re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
         assert f"~/{snake} " in text, snake
+
+
+def test_a_start_that_cannot_begin_says_why_in_one_line(tmp_path):
+    """A systemd unit or a shell whose working directory was removed: torch's import died in
+    MKL's loader with no word of why. A HOME that cannot hold ROS's log folder: rcl's line
+    gave no way out."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f'cd "{gone}" && rmdir "{gone}" && exec "{sys.executable}" "{NODE_EXECUTABLE}"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "the working directory no longer exists" in out.stderr, out.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "ROS_LOG_DIR", "ROS_HOME")}
+    out = subprocess.run(
+        [sys.executable, str(NODE_EXECUTABLE)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 2, out.stderr
+    assert "set ROS_LOG_DIR to a folder this user can write" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.parametrize("extra", [[], ["--ros-args", "-p", "rate_hz:=100.0"]])

@@ -105,6 +105,15 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     t_start = time.monotonic() - process_age_s()
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # torch's import then dies in MKL's loader, with no word of why
+        print(
+            "flashrt_node: error: the working directory no longer exists (removed after the "
+            "shell or service manager entered it): start the node from a folder that exists",
+            file=sys.stderr,
+        )
+        return 2
     from flashrt_ros.node.signals import SignalWake
 
     # ours, not rclpy's (signals.py says why): a SIGTERM (docker stop, systemd, launch's
@@ -140,7 +149,9 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
-        print(f"flashrt_node: error: {e}", file=sys.stderr)
+        # its log folder too: HOME unset or read-only (a systemd unit without User=)
+        hint = "; set ROS_LOG_DIR to a folder this user can write" if "logging" in str(e) else ""
+        print(f"flashrt_node: error: {e}{hint}", file=sys.stderr)
         return 2
     node = executor = services = wake = None
     unforward = None

@@ -363,3 +363,37 @@ def test_a_dump_the_disk_refuses_is_a_refused_request_not_a_fault(ros, tmp_path)
     assert diag["faults"] == "0", diag
     assert caps.read_text() == "not a folder"  # nothing of the operator's touched
     assert node.step(OBS[4]).shape == (6,)  # and it goes on serving
+
+
+def test_a_deactivate_dump_is_kept_when_a_rewind_follows_at_once(ros, tmp_path):
+    """Stop, then rewind or restore: the natural recovery after an incident, and the moment the
+    deactivate's record matters. Its copy is taken in the deactivate itself, so the request
+    right after it no longer makes the dump skip ("session moved since"; the flight thread
+    copied a tick at a time, and the rewind came between two)."""
+    caps = tmp_path / "capsules"
+    proc = ros.start_node(
+        {
+            "trigger": "observation",
+            "device": "cpu",
+            "flight_ticks": 400,
+            "capsule_dir": str(caps),
+            "flight_dump_interval_s": 0.0,
+        },
+        wait_services=("rewind", "change_state"),
+    )
+    node = NodeClient(ros, proc)
+    change = ros.client(ChangeState, proc.service("change_state"))
+    rewind = ros.client(Rewind, proc.service("rewind"))
+    for i in range(150):
+        node.step(OBS[i % len(OBS)])
+    deact = ChangeState.Request(transition=Transition(id=Transition.TRANSITION_DEACTIVATE))
+    assert ros.call(change, deact, 30).success
+    r = ros.call(rewind, Rewind.Request(steps_back=20), 10)
+    assert r.success, r.message
+
+    def dumps() -> list:
+        return [p for p in (caps / "flight").glob("main-*-deactivate*") if p.is_dir()]
+
+    assert ros.spin_until(dumps, 10), proc.log_tail()
+    assert len(list(dumps()[0].glob("*.fcap"))) == 151  # steps 0..150
+    assert "deactivate dump of 'main' skipped" not in proc.log_tail(400)

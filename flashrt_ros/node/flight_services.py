@@ -10,11 +10,12 @@ capsule of step t holds the state after the observation stamped `stamp` was cons
 
 A dump asked for with ~/dump_flight copies the ring to host memory under the engine lock (the
 live session moves at every step, so the copy must be atomic), then its files are written on a
-thread of their own. An automatic dump (a step error, a deactivate) only records that it is
-wanted: the session's ring is frozen then (a poisoned session does not step; at a deactivate the
-loop has stopped), so the flight thread takes the copy itself, one tick at a time under the
-engine lock, after checking that the session's line of steps has not moved meanwhile (else the
-dump is skipped, and the log says why). Neither the control loop nor the inputs' loop
+thread of their own. A step error's automatic dump only records that it is wanted: the
+poisoned session does not step, so the flight thread takes the copy itself, one tick at a time
+under the engine lock, after checking that the session's line of steps has not moved meanwhile
+(else the dump is skipped, and the log says why). A deactivate's is copied at once, in the
+deactivate's own hold of the lock (the loop has stopped): a request right after it (a rewind
+or restore, to recover) cannot take it away. Neither the control loop nor the inputs' loop
 (joint_states in observation mode) waits for a copy of the whole ring or for the disk.
 
 A dump goes to a hidden folder that is renamed into place when complete,
@@ -147,7 +148,8 @@ class Snapshot:
 @dataclass
 class Wanted:
     """An automatic dump asked for where no copy may be taken (the control thread at a step
-    error, a deactivate): the flight thread takes it, if the session is still where it was."""
+    error): the flight thread takes it, if the session is still where it was. A deactivate's
+    is copied at once (on_deactivate), and only the writing goes on."""
 
     engine: weakref.ref
     sref: weakref.ref  # the Session object: a session dropped and made again is another one
@@ -561,29 +563,52 @@ class FlightServices:
         self._want(eng, session, "fault")
 
     def on_deactivate(self) -> None:
-        """The loop has stopped: ask for a dump of the live session's ring."""
+        """The loop has stopped: dump the live session's ring. Its copy is taken here, in this
+        one hold of the engine lock (nothing steps now, so only requests wait for it): a
+        rewind or restore right after the deactivate, the natural recovery, found the flight
+        thread's copy not taken yet and the dump was skipped (review). The files are written
+        on the write thread."""
         with self.ctl.lock:
             eng = self.ctl.engine
-            if eng is not None:
-                self._want(eng, self.ctl.live, "deactivate")
+            want = None if eng is None else self._wanted_dump(eng, self.ctl.live, "deactivate")
+            if want is None:
+                return
+            s = eng.session(want.session)
+            held = list(s.flight_steps())[-want.fit :]
+            stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
+            states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
+            for i, t in enumerate(held):
+                states[i].copy_(s.flight_state(t))
+            snap = Snapshot(want.session, s.parent_id, held, stamps, states, eng.store)
+        self._write_auto(want, snap)
 
     def _want(self, eng, session: str, reason: str) -> None:
         """Queue an automatic dump (engine lock held): checks and bookkeeping only."""
+        want = self._wanted_dump(eng, session, reason)
+        if want is None:
+            return
+        with self._taken:
+            self._wanted += 1
+        self._jobs.put(want)
+
+    def _wanted_dump(self, eng, session: str, reason: str) -> Wanted | None:
+        """An automatic dump of the session, or None (said why, when it is worth saying): the
+        recorder off, no capsule_dir, the interval, a disk bound that holds no tick."""
         cfg, log = self.ctl.cfg, self.ctl.fast_log
         if cfg is None or not eng.flight_ticks or cfg.flight_dump_max_mb <= 0:
-            return
+            return None
         if not cfg.capsule_dir:
             if not self._warned_no_dir:
                 self._warned_no_dir = True
                 log.warning("flight recorder: no capsule_dir, so automatic dumps are skipped")
-            return
+            return None
         now = time.monotonic()
         if self._last_auto is not None and now - self._last_auto < cfg.flight_dump_interval_s:
             log.info(
                 f"flight recorder: {reason} dump skipped, the last automatic one was "
                 f"{now - self._last_auto:.1f} s ago (flight_dump_interval_s)"
             )
-            return
+            return None
         budget = int(cfg.flight_dump_max_mb * 1e6)
         fit = budget // (eng.state_nbytes + FILE_SLACK)
         if fit < 1:
@@ -591,16 +616,14 @@ class FlightServices:
                 f"flight recorder: flight_dump_max_mb={cfg.flight_dump_max_mb} holds no tick "
                 f"of {eng.state_nbytes} B; {reason} dump skipped"
             )
-            return
+            return None
         line = self._line(eng, session)
         if line is None:
-            return
+            return None
         self._last_auto = now
-        with self._taken:
-            self._wanted += 1
         sref = weakref.ref(eng.session(session))
         goals = self._goals.get(session, 0) if eng is self._engine else 0
-        want = Wanted(
+        return Wanted(
             weakref.ref(eng),
             sref,
             session,
@@ -612,7 +635,6 @@ class FlightServices:
             budget,
             cfg.capsule_dir,
         )
-        self._jobs.put(want)
 
     def _take(self, want: Wanted) -> Snapshot | str:
         """The wanted copy, taken on the flight thread one tick at a time under the engine lock
@@ -702,6 +724,9 @@ class FlightServices:
         if isinstance(snap, str):
             log.warning(f"flight recorder: {want.reason} dump of {want.session!r} skipped: {snap}")
             return
+        self._write_auto(want, snap)
+
+    def _write_auto(self, want: Wanted, snap: Snapshot) -> None:
         name = f"{want.session}-{utc_name(want.wall)}"
         self._writes.put(
             (snap, want.capsule_dir, name, f"-{want.reason}", want.budget, want.reason, None)

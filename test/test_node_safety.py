@@ -196,6 +196,33 @@ def test_a_rollout_past_rollout_timeout_s_stops_and_says_how_far_it_got(fresh):
     assert np.array_equal(fresh.run(OBS[:2]), np.array([eng.step(o) for o in OBS[:2]]))
 
 
+def test_lowering_rollout_timeout_s_stops_a_rollout_already_running(ros):
+    """rollout_timeout_s is live: an operator lowering it to stop a runaway rollout stops the one
+    running, at its next step (it kept the limit it began with, and ran to its end)."""
+    with importable_tests():
+        proc = ros.start_node(
+            {"trigger": "observation", "policy": "test.nan_policy:slow_above"},
+            namespace="runaway",
+        )
+    slow = OBS[0].copy()
+    slow[0] = 600.0  # above slow_above's threshold, within obs_limit: each step sleeps 3 s
+    rows = np.tile(slow, (3, 1))
+    client = ros.client(srv.Rollout, proc.service("rollout"))
+    assert client.wait_for_service(timeout_sec=20)
+    req = srv.Rollout.Request(observations=rows.ravel().tolist(), n_steps=3)
+    future = client.call_async(req)
+    t0 = time.monotonic()
+    ros.spin_for(0.5)  # the first step is running
+    assert _set(ros, proc, rollout_timeout_s=1.0) == [(True, "")]
+    assert ros.spin_until(future.done, 20), proc.log_tail()
+    r = future.result()
+    assert not r.success and "rollout_timeout_s=1 reached: stopped after 1 of 3" in r.message, (
+        r.message
+    )
+    assert time.monotonic() - t0 < 6.0  # one step of 3 s, not three
+    assert proc.stop() == 0
+
+
 @pytest.fixture(scope="module")
 def timer_node(ros_module):
     with importable_tests():

@@ -467,8 +467,7 @@ class CapsuleServices:
         prior = self._step_prior()
         cost = step_cost(recent, prior)
         actions = np.empty((n, eng.action_dim))
-        limit = float(ctl.cfg.rollout_timeout_s)  # a rollout keeps the limit it began with
-        end = time.monotonic() + limit if limit > 0 else None
+        began = time.monotonic()
 
         def kept(i: int) -> str:
             return f"; {target!r} holds the state after {i} of them" if req.commit else ""
@@ -485,6 +484,9 @@ class CapsuleServices:
                 raise BadRequest(
                     f"the node is shutting down: stopped after {i} of {n} steps{kept(i)}"
                 )
+            # read at every step: an operator lowering it stops a rollout already running
+            limit = float(ctl.cfg.rollout_timeout_s)
+            end = began + limit if limit > 0 else None
             give_up = 10.0  # the wait for room between ticks, at most until the deadline
             if end is not None:
                 if time.monotonic() > end:

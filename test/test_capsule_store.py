@@ -454,3 +454,18 @@ def test_a_capsule_dir_or_weights_path_under_a_tilde_is_in_the_home_folder(tmp_p
     mine = load_policy("builtin:hybrid", weights="~/w.pt")
     pairs = zip(shipped.parameters(), mine.parameters(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_a_capsule_still_being_written_is_named_so_not_unknown(tmp_path):
+    """A persisted checkpoint's file is written without the engine lock: a drop or restore of
+    its name meanwhile is told it is being written, not that it is unknown."""
+    eng = make_engine(policy="builtin:hybrid", capsule_dir=tmp_path)
+    pending = eng.begin_persist("main", "dup")
+    for ref in ("dup", pending.info.id):
+        with pytest.raises(BadRequest, match="still being written"):
+            eng.drop(ref)
+        with pytest.raises(BadRequest, match="still being written"):
+            eng.restore(ref)
+    eng.write_persist(pending)
+    info = eng.end_persist(pending)
+    assert eng.drop("dup").id == info.id and not (tmp_path / "dup.fcap").exists()

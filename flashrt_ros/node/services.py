@@ -279,9 +279,10 @@ class CapsuleServices:
             with self._locked():
                 eng.abandon_persist(pending)
             raise
+        again = "the next start" if self.ctl.finalized else "a configure after it"
         raise BadRequest(
             f"the node was cleaned up while {pending.path} was written: the file stays in "
-            "capsule_dir (a configure after it reloads it)"
+            f"capsule_dir ({again} reloads it)"
         )
 
     def _write_forever(self) -> None:

@@ -286,7 +286,13 @@ class CapsuleVerbs:
     def _file_hint(self, ref: str) -> str:
         """An unknown capsule reference that names a file of capsule_dir: a persisted capsule
         evicted from the pool (its file stays), or one not loaded at start. Said, so that a
-        planner that persisted `grasp` is not just told it is unknown."""
+        planner that persisted `grasp` is not just told it is unknown. One still being written
+        (a persisted checkpoint whose reply has not come) is said to be so."""
+        if isinstance(ref, str) and (ref in self._persisting or ref in self._persisting.values()):
+            return (
+                "; it is a persisted checkpoint still being written: it joins the pool with the "
+                "checkpoint's reply"
+            )
         folder = self.store.folder
         if folder is None or not isinstance(ref, str) or not CAPSULE_NAME.fullmatch(ref):
             return ""  # an id or a name only: never a path out of the folder

@@ -194,6 +194,18 @@ def test_observation_trigger_steps_on_valid_images_only_and_equals_the_engine(ro
     assert "observation.images.top" in r.message and "Engine.rollout" in r.message, r.message
     assert len(r.actions) == 0
 
+    # a camera whose every image is refused goes stale: the joint_states refused for it names
+    # the images' own refusal, the cause (the log's throttled line named only the staleness)
+    ros.spin_for(0.7)  # past obs_timeout_s (0.5) since the last valid top image
+    n = len(c.commands)
+    cams.send("top", image_msg(tops[5][:-1], "rgb8"))
+    cams.send("wrist", image_msg(wrists[5], "bgr8"))
+    c.publish(obs[6])
+    d = c.wait_diag(lambda d: "stale: camera 'top'" in d["last_refusal"])
+    assert "(its images are refused: camera 'top': " in d["last_refusal"], d
+    assert f"{W}x{H - 1} pixels" in d["last_refusal"], d
+    assert len(c.commands) == n
+
 
 def test_timer_trigger_holds_while_one_camera_is_stale(ros):
     proc = ros.start_node(

@@ -97,6 +97,7 @@ class Camera:
     superseded: int = 0  # compressed: frames not decoded, a newer one was queued behind them
     decode_ms: float = 0.0  # compressed: the last frames' decode time (moving average)
     last_refusal: str = ""
+    refused_t: float = 0.0  # monotonic time of the last refusal
     # where an image's way in goes (us; /diagnostics p50s): per accepted raw image, reception
     # by the middleware -> taken (the wait for the thread, and the take's copy; only where the
     # middleware stamps receptions) and taken -> handled, split into the decode and checks
@@ -326,7 +327,7 @@ class Cameras:
         """`count`: frames to count as received now (compressed: after the decode)."""
         cam.received += count
         cam.refused += 1
-        cam.last_refusal = str(e)
+        cam.last_refusal, cam.refused_t = str(e), time.monotonic()
         self._refuse(str(e))
         self._acknowledged(cam)
         return False
@@ -391,6 +392,13 @@ class Cameras:
         """Seconds since camera `name`'s newest valid image (None before the first)."""
         c = next(c for c in self.cams if c.name == name)
         return None if c.latest is None else now - c.latest_t
+
+    def refused_since(self, name: str) -> str:
+        """Camera `name`'s last refusal when it came after its newest valid image ("" else): why
+        the camera is stale, when a stream of refused images is the cause."""
+        c = next(c for c in self.cams if c.name == name)
+        late = c.refused_t > (c.latest_t if c.latest is not None else 0.0)
+        return c.last_refusal if c.last_refusal and late else ""
 
     def stale(self, now: float, timeout: float) -> str:
         """The first camera without an image newer than `timeout` ("" when all are fresh);

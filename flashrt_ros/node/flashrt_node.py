@@ -880,9 +880,11 @@ class FlashrtNode(LifecycleNode):
                     if not self._per_message:
                         self._stale(f"camera {cam}")
                     else:  # observation trigger: this joint_states is refused
+                        why = self._cams.refused_since(cam)  # the cause, when images are refused
                         self._refuse(
                             f"stale: camera {cam!r} has no valid image newer than "
-                            f"obs_timeout_s={self.cfg.obs_timeout_s:g}",
+                            f"obs_timeout_s={self.cfg.obs_timeout_s:g}"
+                            + (f" (its images are refused: {why})" if why else ""),
                             stepping=True,
                         )
                     return

@@ -111,6 +111,22 @@ def test_a_jpeg_whose_scan_data_is_damaged_is_refused():
     assert refused == 40  # every cut frame
 
 
+def test_without_simplejpeg_a_compressed_camera_fails_at_configure(monkeypatch):
+    """A machine updated without `pip install simplejpeg`: the configure's decoder check fails,
+    naming it (it passed on Pillow alone, and every JPEG frame then raised in the decode thread,
+    neither counted nor refused); a frame decoded anyway is refused, naming it too."""
+    import sys
+
+    from flashrt_ros.node.cameras import warm_compressed
+
+    jpg = encoded(frames(1, 8)[0], "JPEG")
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg: ImportError
+    with pytest.raises(RuntimeError, match=r"JPEG frames need simplejpeg \(pip install"):
+        warm_compressed()
+    with pytest.raises(BadRequest, match="JPEG frames need simplejpeg"):
+        decode_compressed(jpg, (H, W, 3))
+
+
 def test_a_decode_leaves_the_gil_to_other_threads():
     """The reason a decode thread is cheap for the thread that steps: Pillow decodes without
     the GIL, so another Python thread keeps most of its pace meanwhile (holding the GIL, the

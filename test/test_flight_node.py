@@ -397,3 +397,34 @@ def test_a_deactivate_dump_is_kept_when_a_rewind_follows_at_once(ros, tmp_path):
     assert ros.spin_until(dumps, 10), proc.log_tail()
     assert len(list(dumps()[0].glob("*.fcap"))) == 151  # steps 0..150
     assert "deactivate dump of 'main' skipped" not in proc.log_tail(400)
+
+
+def test_a_deactivate_dump_that_fails_fails_nothing_else(ros, tmp_path, monkeypatch):
+    """The deactivate's copy of the ring can fail (a device error; a ring bigger than the host's
+    memory): the deactivate still succeeds, the node keeps its engine and capsules, says the dump
+    was skipped, and activates again."""
+    from pathlib import Path
+
+    monkeypatch.setenv("FLASHRT_TEST_FAULT", "ring_copy")  # start_node passes the environment on
+    proc = ros.start_node(
+        {
+            "trigger": "observation",
+            "device": "cpu",
+            "flight_ticks": RING,
+            "capsule_dir": str(tmp_path / "capsules"),
+        },
+        wait_services=("change_state",),
+        executable=Path(__file__).with_name("fault_node.py"),
+    )
+    node = NodeClient(ros, proc)
+    for o in OBS[:5]:
+        node.step(o)
+    assert node.call("checkpoint", name="kept").success
+    change = ros.client(ChangeState, proc.service("change_state"))
+    for t in (Transition.TRANSITION_DEACTIVATE, Transition.TRANSITION_ACTIVATE):
+        r = ros.call(change, ChangeState.Request(transition=Transition(id=t)), 30)
+        assert r.success, proc.log_tail()
+    said = proc.log_tail(200)
+    assert "deactivate dump of 'main' skipped: RuntimeError: injected" in said, said
+    assert [c.name for c in node.call("list_capsules").capsules] == ["kept"]
+    assert node.step(OBS[5]).shape == (6,)

@@ -223,6 +223,41 @@ def test_lowering_rollout_timeout_s_stops_a_rollout_already_running(ros):
     assert proc.stop() == 0
 
 
+def test_lifting_rollout_timeout_s_lets_a_waiting_rollout_wait_on(ros):
+    """A rollout's steps wait for room between control ticks. Lifting rollout_timeout_s (0)
+    while one waits lets it wait on: the deadline it began with no longer stops it."""
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "timer",
+                "rate_hz": 20.0,
+                "policy": "test.nan_policy:slow_above",
+                "rollout_timeout_s": 1.0,
+            },
+            namespace="waiting",
+        )
+    c = NodeClient(ros, proc)
+    for o in OBS[:12]:  # steps of ~2 ms: what a rollout step is priced at
+        c.publish(o)
+        ros.spin_for(0.05)
+    assert ros.spin_until(lambda: len(c.commands) >= 8, 5), proc.log_tail()
+    client = ros.client(srv.Rollout, proc.service("rollout"))
+    assert client.wait_for_service(timeout_sec=20)
+    rows = np.tile(OBS[1], (200, 1))
+    future = client.call_async(srv.Rollout.Request(observations=rows.ravel().tolist(), n_steps=200))
+    ros.spin_for(0.1)  # the rollout steps between the ticks
+    slow = OBS[0].copy()
+    slow[0] = 600.0  # the control tick on it sleeps 3 s holding the engine: no room meanwhile
+    c.publish(slow)
+    ros.spin_for(0.3)
+    assert not future.done(), future.result().message
+    assert _set(ros, proc, rollout_timeout_s=0.0) == [(True, "")]
+    assert ros.spin_until(future.done, 20), proc.log_tail()
+    r = future.result()
+    assert r.success and len(r.actions) == 200 * 6, r.message
+    assert proc.stop() == 0
+
+
 @pytest.fixture(scope="module")
 def timer_node(ros_module):
     with importable_tests():

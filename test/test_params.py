@@ -161,6 +161,15 @@ def test_a_start_that_cannot_begin_says_why_in_one_line(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "set ROS_LOG_DIR to a folder this user can write" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # another logging failure gets no advice about the folder
+    out = subprocess.run(
+        [sys.executable, str(NODE_EXECUTABLE), "--ros-args", "--log-config-file", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "flashrt_node: error:" in out.stderr, out.stderr
+    assert "ROS_LOG_DIR" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("extra", [[], ["--ros-args", "-p", "rate_hz:=100.0"]])

@@ -121,7 +121,8 @@ def warm_decoder() -> None:
 
 
 def warm_compressed() -> None:
-    """Import Pillow and decode one tiny PNG now (configure), not on the first frame."""
+    """Import both decoders and decode one tiny PNG and one tiny JPEG now (configure): not on
+    the first frame, and a missing decoder fails the configure, saying which."""
     import io
 
     from PIL import Image
@@ -129,6 +130,11 @@ def warm_compressed() -> None:
     b = io.BytesIO()
     Image.new("RGB", (2, 2)).save(b, "PNG")
     decode_compressed(b.getvalue(), (2, 2, 3))
+    try:
+        import simplejpeg
+    except ImportError as e:
+        raise RuntimeError(f"JPEG frames need simplejpeg (pip install simplejpeg): {e}") from None
+    decode_compressed(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8)), (8, 8, 3))
 
 
 class Cameras:

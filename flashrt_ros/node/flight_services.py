@@ -570,16 +570,25 @@ class FlightServices:
         on the write thread."""
         with self.ctl.lock:
             eng = self.ctl.engine
+            before = self._last_auto
             want = None if eng is None else self._wanted_dump(eng, self.ctl.live, "deactivate")
             if want is None:
                 return
-            s = eng.session(want.session)
-            held = list(s.flight_steps())[-want.fit :]
-            stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
-            states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
-            for i, t in enumerate(held):
-                states[i].copy_(s.flight_state(t))
-            snap = Snapshot(want.session, s.parent_id, held, stamps, states, eng.store)
+            try:
+                s = eng.session(want.session)
+                held = list(s.flight_steps())[-want.fit :]
+                stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
+                states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
+                for i, t in enumerate(held):
+                    states[i].copy_(s.flight_state(t))
+                snap = Snapshot(want.session, s.parent_id, held, stamps, states, eng.store)
+            except Exception as e:  # noqa: BLE001 - a failed dump never fails the deactivate
+                self._last_auto = before  # nor uses up flight_dump_interval_s
+                self.ctl.fast_log.warning(
+                    f"flight recorder: deactivate dump of {want.session!r} skipped: "
+                    f"{type(e).__name__}: {e}"
+                )
+                return
         self._write_auto(want, snap)
 
     def _want(self, eng, session: str, reason: str) -> None:

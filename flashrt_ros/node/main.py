@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import sys
 import time
@@ -150,7 +151,8 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
         return 0
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
         # its log folder too: HOME unset or read-only (a systemd unit without User=)
-        hint = "; set ROS_LOG_DIR to a folder this user can write" if "logging" in str(e) else ""
+        log_dir = re.search(r"log(ging)? directory", str(e), re.IGNORECASE)
+        hint = "; set ROS_LOG_DIR to a folder this user can write" if log_dir else ""
         print(f"flashrt_node: error: {e}{hint}", file=sys.stderr)
         return 2
     node = executor = services = wake = None

@@ -485,21 +485,21 @@ class CapsuleServices:
                 raise BadRequest(
                     f"the node is shutting down: stopped after {i} of {n} steps{kept(i)}"
                 )
-            # read at every step: an operator lowering it stops a rollout already running
-            limit = float(ctl.cfg.rollout_timeout_s)
-            end = began + limit if limit > 0 else None
-            give_up = 10.0  # the wait for room between ticks, at most until the deadline
-            if end is not None:
-                if time.monotonic() > end:
-                    raise timed_out(i)
-                give_up = min(give_up, max(end - time.monotonic(), 0.001))
             with contextlib.ExitStack() as held:
-                try:
-                    held.enter_context(ctl.lock.background(cost, give_up_s=give_up))
-                except CapacityError:
-                    if end is not None and time.monotonic() >= end:
-                        raise timed_out(i) from None
-                    raise
+                while True:  # the wait for room between ticks, at most until the deadline
+                    # read at every wait: an operator lowering it stops a running rollout, and
+                    # one lifting it (0) or raising it lets the rollout wait on
+                    limit = float(ctl.cfg.rollout_timeout_s)
+                    end = began + limit if limit > 0 else None
+                    if end is not None and time.monotonic() > end:
+                        raise timed_out(i)
+                    give_up = 10.0 if end is None else min(10.0, max(end - time.monotonic(), 1e-3))
+                    try:
+                        held.enter_context(ctl.lock.background(cost, give_up_s=give_up))
+                        break
+                    except CapacityError:
+                        if end is None or give_up >= 10.0:
+                            raise  # no room for 10 s: not the deadline's doing
                 self._same_engine(eng)
                 if target == ctl.live:
                     raise BadRequest(f"{target!r} was made live during the rollout; stopped")

@@ -62,8 +62,10 @@ def _decode_jpeg(data, h: int, w: int, c: int, what: str) -> bytes:
     appended; "bad Huffman code") refuse the frame. Pillow only logs them and hands out the
     grey or garbled rows. JPEG has no checksum: damage that still decodes without a warning
     cannot be told from a real image by any decoder."""
-    import simplejpeg
-
+    try:
+        import simplejpeg
+    except ImportError:  # the node's configure checks it (cameras.warm_compressed)
+        raise BadRequest(f"{what}: JPEG frames need simplejpeg (pip install simplejpeg)") from None
     try:
         fh, fw, _, _ = simplejpeg.decode_jpeg_header(data)
     except (ValueError, TypeError) as e:

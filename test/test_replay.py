@@ -207,11 +207,45 @@ def test_replay_errors_are_clear(tmp_path, capsys):
         ),
         # an OUT_BAG that cannot be written is found before the replay runs, not after it
         ([str(FIX / "arm_sqlite3"), str(FIX / "fixtures.json" / "o6"), "--offline"], "folder"),
+        # nor is the input bag ever written into, nor a bag with no name run for nothing
+        ([str(FIX / "arm_sqlite3"), str(FIX / "arm_sqlite3" / "o9"), "--offline"], "inside IN_BAG"),
+        ([str(FIX / "arm_sqlite3"), "", "--offline"], "OUT_BAG is empty"),
     ]
     for argv, needle in cases:
         assert replay(argv) == 2, argv
         assert needle in capsys.readouterr().err, argv
-        assert not Path(argv[1]).exists() or argv[1].endswith("arm_mcap")
+        assert not argv[1] or not Path(argv[1]).exists() or argv[1].endswith("arm_mcap")
+
+
+def test_a_joint_states_without_names_lacks_every_joint():
+    """A first message with no names and empty arrays matched the mapper's empty cache and
+    passed the missing-joint check (refused later for its size, and the replay's pre-check,
+    which runs before the node is reset, let it through)."""
+    from flashrt_ros.errors import BadRequest
+    from flashrt_ros.obs.joints import JointMapper
+
+    with pytest.raises(BadRequest, match=r"lacks joints \['joint1'"):
+        JointMapper([f"joint{i}" for i in range(1, 7)]).observation([], [], [])
+
+
+def test_a_disk_that_fills_leaves_one_line_and_no_half_bag(tmp_path):
+    """sqlite3 on a full disk (here, a file size limit) raised its own error: a traceback, exit
+    1, and a bag without metadata left behind that blocked the next run."""
+    import resource
+
+    out = tmp_path / "o"
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384)); "
+        "from flashrt_ros.replay.replay_cli import main; "
+        f"sys.exit(main([{str(FIX / 'arm_sqlite3')!r}, {str(out)!r}, '--offline']))"
+    )
+    assert resource.RLIMIT_FSIZE  # Linux: writes past the limit fail with EFBIG
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "cannot write bag" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not out.exists()
 
 
 # -- the golden tolerance: wide enough for another machine, narrow enough for a real change --------

@@ -63,7 +63,9 @@ class JointMapper:
         self.n = len(names)
         self.dim = self.n * len(self.fields)  # the observation's size
         self.limit = float(limit)
-        self._names: tuple = ()  # the last message's names and their index: usually unchanged
+        # the last message's names and their index: usually unchanged (None before the first:
+        # a first message without names must still be found to lack every joint)
+        self._names: tuple | None = None
         self._idx: list[int] = []
 
     def observation(self, names: Sequence[str], position, velocity=(), effort=()) -> np.ndarray:

@@ -17,8 +17,11 @@ high-resolution runs needs as much memory as its images.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +165,8 @@ def detect_storage(path: str | Path) -> str:
             info = YAML(typ="safe").load(meta.read_text())["rosbag2_bagfile_information"]
             storage = info["storage_identifier"]
         except Exception as exc:  # noqa: BLE001 - any parse problem means "not a bag"
-            raise ValueError(f"{p}: not a rosbag2 bag (unreadable metadata.yaml: {exc})") from None
+            why = " ".join(str(exc).split())  # a YAML error spans lines: one line here
+            raise ValueError(f"{p}: not a rosbag2 bag (unreadable metadata.yaml: {why})") from None
         if storage not in STORAGES:
             raise ValueError(
                 f"{p}: unsupported rosbag2 storage {storage!r} (expected one of {STORAGES})"
@@ -348,22 +352,20 @@ def _check_stamp(stamp) -> int:
 
 
 def _write(path: str | Path, storage: str, fill) -> None:
-    """Open a new bag, let ``fill(writer)`` write it; remove the partial bag on any error."""
+    """Open a new bag, let ``fill(writer)`` write it; remove the partial bag on any error (the
+    path did not exist before: _writer refuses one that does, so what is there now is ours, a
+    failure inside open() included). A full disk is a ValueError saying so, sqlite3's too."""
     writer = _writer(path, storage)
-    created = False
     try:
         writer.open()
-        created = True
         fill(writer)
         writer.close()
     except BaseException as exc:
-        if created:
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001
-                pass
+        with contextlib.suppress(Exception):
+            writer.close()
+        if os.path.lexists(path):
             shutil.rmtree(path, ignore_errors=True)
-        if isinstance(exc, WriterError | OSError):
+        if isinstance(exc, WriterError | OSError | sqlite3.Error):
             raise ValueError(f"{path}: cannot write bag: {exc}") from None
         raise
 

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from flashrt_ros.obs.joints import DEFAULT_FIELDS, FIELDS, JointMapper, check_fields, fields_hint
 from flashrt_ros.replay import bags
@@ -17,6 +18,8 @@ from flashrt_ros.replay.player import (
     play,
     schedule_problem,
 )
+
+MIN_RATE = 1e-3  # slower: a replay that waits for ever, and past time_t for sleep()
 
 EPILOG = """
 The node must run with trigger:=observation (one step per joint_states message):
@@ -73,7 +76,7 @@ def parse(argv):
         "--rate",
         type=float,
         default=0.0,
-        help="pace at X times bag time (default 0: as fast as the node answers)",
+        help="pace at X times bag time, X >= 0.001 (default 0: as fast as the node answers)",
     )
     ap.add_argument("--node", default="/flashrt", help="the node's full name (default /flashrt)")
     ap.add_argument(
@@ -142,9 +145,10 @@ def parse(argv):
         "are read from it)",
     )
     a = ap.parse_args(argv)
-    if not (math.isfinite(a.rate) and a.rate >= 0):
+    if not (math.isfinite(a.rate) and (a.rate == 0 or a.rate >= MIN_RATE)):
         ap.error(
-            f"--rate must be a finite number >= 0 (0: as fast as the node answers), not {a.rate}"
+            f"--rate must be 0 (as fast as the node answers) or a finite number >= {MIN_RATE:g} "
+            f"(a thousandth of the bag's pace), not {a.rate}"
         )
     try:
         a.state_fields = check_fields([f for f in a.state_fields.split(",") if f])
@@ -172,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         why = checkpoint_problem(a.checkpoint_at, a.restore_at)
         if why:  # before anything, the node's reset included
             raise ValueError(why)
-        storage = a.storage or bags.detect_storage(a.in_bag)
+        in_storage = bags.detect_storage(a.in_bag)
+        storage = a.storage or in_storage  # the output's
         prefix = a.camera_prefix
         if prefix is None:
             prefix = "/" + a.joint_states_topic.strip("/").rpartition("/")[0] + "/camera"
         events = bags.read_inputs(a.in_bag, a.joint_states_topic, a.goal_topic, prefix)
         bag_cams = sorted({e.camera for e in events if e.kind == "image"})
-        _writable_new(a.out_bag)  # before the replay, not after it
+        _writable_new(a.out_bag, a.in_bag)  # before the replay, not after it
         start = None
         if a.from_capsule:
             start = _capsule_header(a.from_capsule)
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         n_js = sum(e.kind == "joint_states" for e in events)
         n_img = sum(e.kind == "image" for e in events)
         print(
-            f"flashrt-replay: {a.in_bag} ({storage}): {n_js} joint_states, "
+            f"flashrt-replay: {a.in_bag} ({in_storage}): {n_js} joint_states, "
             f"{len(events) - n_js - n_img} goals, {n_img} images"
             + (f" of cameras {', '.join(bag_cams)}" if bag_cams else ""),
             file=sys.stderr,
@@ -217,8 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _writable_new(out_bag: str) -> None:
-    """OUT_BAG must not exist and its folder must take it: found out before a replay runs."""
+def _writable_new(out_bag: str, in_bag: str) -> None:
+    """OUT_BAG must not exist, must not be inside IN_BAG (the input is never touched), and its
+    folder must take it: found out before a replay runs."""
+    if not out_bag.strip():
+        raise ValueError("OUT_BAG is empty: name the bag to write")
+    inside = Path(os.path.realpath(out_bag)).is_relative_to(os.path.realpath(in_bag))
+    if inside and os.path.isdir(in_bag):
+        raise ValueError(f"{out_bag} is inside IN_BAG {in_bag}: write the commands elsewhere")
     if os.path.lexists(out_bag):
         raise ValueError(f"{out_bag} exists; choose a new OUT_BAG")
     parent = os.path.dirname(os.path.abspath(out_bag))

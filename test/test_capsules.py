@@ -467,3 +467,38 @@ def test_a_slot_filled_by_its_caller_is_adopted_with_bookkeeping_only():
     info = eng.restore(cap.info.id, verify=True)  # the digest row is the slot's bytes' digest
     assert info.checksum == to_hex(digest) == eng.state_checksum()
     assert np.array_equal(eng.step(observations(1, seed=4)[0]), want)
+
+
+def test_a_planner_thread_checkpoints_while_another_thread_steps():
+    """Each capsule a second thread takes while the first steps is a state the steps passed
+    through (its checksum is the single-threaded run's at its step), and a branch from it holds
+    exactly those bytes: every public call runs whole, between two steps (runtime/calls.py).
+    Unserialized, capsules were taken mid-step: they loaded cleanly and continued wrongly."""
+    import threading
+
+    obs = observations(150, seed=4)
+    ref = make_engine()
+    want = {0: ref.state_checksum()}
+    for i, o in enumerate(obs):
+        ref.step(o)
+        want[i + 1] = ref.state_checksum()
+    eng = make_engine(capsule_slots=4)
+    done = threading.Event()
+
+    def steps() -> None:
+        for o in obs:
+            eng.step(o)
+        done.set()
+
+    stepper = threading.Thread(target=steps)
+    stepper.start()
+    taken = []
+    while not done.is_set():
+        info = eng.checkpoint()
+        taken.append((info.step, info.checksum))
+        eng.branch(info.id, "alt")
+        assert eng.state_checksum("alt") == info.checksum
+    stepper.join()
+    assert len(taken) > 5, taken
+    assert [c for _, c in taken] == [want[s] for s, _ in taken]
+    assert eng.state_checksum() == want[len(obs)]

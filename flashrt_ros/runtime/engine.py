@@ -1,7 +1,8 @@
 """The Engine: sessions, steps and capsule operations, all at commit boundaries.
 
-Every public method runs between two steps, so each one *is* a commit boundary. The Engine is
-not thread safe: one thread (the node's control loop) drives it. This file holds its set-up,
+Every public method runs between two steps, so each one *is* a commit boundary: they are called
+one at a time, whichever thread calls (calls.py; write_persist, the file of a persisted
+checkpoint, is the one left out, so a disk write never holds a step up). This file holds its set-up,
 sessions, late fusing and the step; the capsule verbs are in engine_capsules.py and the flight
 recorder's in engine_flight.py (mixins: one Engine, one file per subject).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +41,7 @@ from flashrt_ros.errors import (
 from flashrt_ros.policies.base import Policy
 from flashrt_ros.runtime.arena import fingerprint, layout_table, plan_layout
 from flashrt_ros.runtime.args import bool_arg, int_arg, limit_arg, ref_arg
+from flashrt_ros.runtime.calls import serialize_calls
 from flashrt_ros.runtime.engine_capsules import CapsuleVerbs
 from flashrt_ros.runtime.engine_flight import FlightVerbs
 from flashrt_ros.runtime.flight import check_ticks
@@ -155,6 +158,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         price its module doc states; the build runs without full garbage collections and
         freezes the heap when it ends (latefuse.build_window). Every argument is checked
         before anything is allocated."""
+        self._calls = threading.RLock()  # one public call at a time (calls.py)
         if not isinstance(policy, Policy):
             raise BadRequest(f"policy must be a flashrt Policy, got {type(policy).__name__}")
         # the policies' noise keys take 31 bits (the node's `seed` parameter's range): a wider
@@ -731,3 +735,44 @@ class Engine(CapsuleVerbs, FlightVerbs):
 
     def state_checksum(self, session: str = "main") -> str:
         return to_hex(device_checksum(self.session(session).arena.buf))
+
+
+# every public call that reads or moves sessions, capsules or the pool (calls.py says why)
+serialize_calls(
+    Engine,
+    (
+        "sessions",
+        "session_step",
+        "poisoned",
+        "reset",
+        "fork_scratch",
+        "create_session",
+        "drop_session",
+        "step",
+        "step_with_chunk",
+        "next_tick_kind",
+        "prestage",
+        "rollout",
+        "set_goal",
+        "get_goal",
+        "state_bytes",
+        "state_checksum",
+        "checkpoint",
+        "begin_persist",
+        "end_persist",
+        "abandon_persist",
+        "restore",
+        "branch",
+        "copy_session",
+        "capsules",
+        "capsule",
+        "drop",
+        "pin",
+        "save_capsule",
+        "load_capsule",
+        "flight",
+        "rewind",
+        "checkpoint_at",
+        "save_flight_step",
+    ),
+)

@@ -8,7 +8,13 @@ image took 1.98-2.07 ms this way and 0.30-0.36 ms with the thresholds below (ben
 the page faults are what test/test_memory.py counts; bench/results/latest.md, 2026-12-02 third
 part, has the GPU machine's runs). Keeping large freed blocks is the usual memory setting of
 a real-time process. The price: each malloc arena (the main heap, and one per thread that
-allocates, up to 8 per core) may keep up to TRIM_THRESHOLD of freed memory at its top.
+allocates, up to 8 per core) may keep up to TRIM_THRESHOLD of freed memory at its top. At 128
+MiB, a soak of mixed service traffic (checkpoints, branches, rollouts, flight dumps; 100 Hz on
+the 2-core CPU machine) grew the node's RSS 35 MB a minute for 6 minutes without levelling off
+(337 to 548 MB); in the same soak with glibc's defaults it went from 340 to 440 MB, and at 32
+MiB from 370 to 448 MB, 3.7 MB a minute over its last three minutes (a review's soak, run by hand:
+not committed). 32 MiB still holds a take's buffers of a 640x480 or a 1080p frame (0.9 or 6.2 MB
+each, a few per message).
 
 `FLASHRT_MALLOC=default` leaves the C library's settings alone.
 """
@@ -22,7 +28,7 @@ from collections.abc import Mapping
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # blocks up to 32 MiB (a 4K rgb8 frame is 24.9 MB) from the heap
-TRIM_THRESHOLD = 128 << 20  # an arena's free top is given back only beyond 128 MiB
+TRIM_THRESHOLD = 32 << 20  # an arena's free top is given back only beyond 32 MiB (a soak, below)
 ENV = "FLASHRT_MALLOC"
 
 

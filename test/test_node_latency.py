@@ -1,7 +1,6 @@
 """The node's latency plumbing, over real rclpy/DDS: the services on their own node and
 executor thread keep their names and their commit-boundary behaviour; the observation trigger
-steps off the executor; the compile cache is keyed by the engine fingerprint, and made only
-where something is compiled.
+steps off the executor; the compile cache is keyed by the engine fingerprint.
 
 No timings are asserted (the machine is noisy): bench/ros_bench.py shows the speed.
 """
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashrt_ros.runtime.engine import Engine, use_compile_cache
+from flashrt_ros.runtime.engine import Engine
 from test.node_client import NodeClient
 from test.ros_helpers import REPO_ROOT, preserved_environ
 from test.tiny_policy import tiny, tiny_other
@@ -51,39 +50,34 @@ def _cache_line(proc, timeout: float = 30.0) -> str:
 
 
 def test_engine_compile_cache_keyed_by_fingerprint(tmp_path: Path) -> None:
-    """<compile_cache_dir>/<fingerprint>: other weights get another folder, the same policy the
-    same one; inductor and Triton are pointed there before anything compiles."""
-    fa, fb = (
-        Engine(tiny(), device="cpu").fingerprint,
-        Engine(tiny_other(), device="cpu").fingerprint,
-    )
-    assert fa != fb
-    with preserved_environ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        a = use_compile_cache(tmp_path, fa)
-        assert a == tmp_path / fa
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / fa / "inductor")
-        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / fa / "triton")
-        assert use_compile_cache(tmp_path, fb) == tmp_path / fb
-        assert use_compile_cache(tmp_path, fa) == a
-        assert use_compile_cache(None, fa) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fa, fb])
+    with preserved_environ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # Engine sets them
+        a = Engine(tiny(), device="cpu", compile_cache_dir=tmp_path)
+        assert a.compile_cache == tmp_path / a.fingerprint
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / a.fingerprint / "inductor")
+        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / a.fingerprint / "triton")
+        b = Engine(tiny_other(), device="cpu", compile_cache_dir=tmp_path)
+        assert b.fingerprint != a.fingerprint and b.compile_cache != a.compile_cache
+        assert Engine(tiny(), device="cpu", compile_cache_dir=tmp_path).compile_cache == (
+            a.compile_cache
+        )
+        assert Engine(tiny(), device="cpu").compile_cache is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.fingerprint, b.fingerprint])
 
 
-def test_an_engine_that_compiles_nothing_makes_no_cache_folder(tmp_path: Path) -> None:
-    """Unfused (the CPU's default, or fuse off) nothing is compiled: no folder, no warning about
-    one it could not make, and the node's start-up line says the cache is unused."""
-    with preserved_environ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        assert Engine(tiny(), device="cpu", compile_cache_dir=tmp_path / "c").compile_cache is None
-    assert not (tmp_path / "c").exists()
-
-
-def test_a_node_on_the_cpu_says_its_compile_cache_is_unused(ros, tmp_path: Path) -> None:
+def test_node_compile_cache_folder_per_policy(ros, tmp_path: Path) -> None:
+    """A real node start: the folder is <compile_cache_dir>/<fingerprint>; other weights give
+    another folder, the same policy the same one."""
     cache = tmp_path / "cache"
-    proc = _start(ros, {"device": "cpu", "policy": TINY, "compile_cache_dir": str(cache)})
-    assert _cache_line(proc) == "unused:"
-    proc.stop()
-    assert not cache.exists()
-    assert "compile cache off" not in proc.log_path.read_text(errors="replace")
+    seen = []
+    for policy in (TINY, "test.tiny_policy:tiny_other", TINY):
+        proc = _start(ros, {"device": "cpu", "policy": policy, "compile_cache_dir": str(cache)})
+        seen.append(_cache_line(proc))
+        proc.stop()
+    assert seen[0] == seen[2] != seen[1]
+    assert {Path(s).parent for s in seen} == {cache}
+    assert sorted(p.name for p in cache.iterdir()) == sorted({Path(s).name for s in seen})
+    fp = Engine(tiny(), device="cpu").fingerprint
+    assert Path(seen[0]).name == fp
 
 
 def test_services_keep_their_names_and_commit_boundaries(ros) -> None:

@@ -352,11 +352,8 @@ class FlashrtNode(LifecycleNode):
             "start-up: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())
             + self._warmed_note(engine.device.type == "cuda")
-            + (
-                f"; compile cache {engine.compile_cache or 'torch default'}"
-                if engine.fuse
-                else "; compile cache unused: nothing is compiled on the CPU or with fuse off"
-            )
+            + f"; compile cache {engine.compile_cache or 'torch default'}"
+            + ("" if engine.fuse else " (unused: nothing is compiled on the CPU or with fuse off)")
         )
         if not engine.fusing:  # else once the build ends
             self._log_precompiled(engine)

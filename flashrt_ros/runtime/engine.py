@@ -217,10 +217,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
-        # nothing is compiled unfused (the CPU's default): no folder made, no warning about one
-        self.compile_cache = (
-            use_compile_cache(compile_cache_dir, self.fingerprint) if self.fuse else None
-        )
+        self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
         # a fused step is compiled ahead of time and kept beside inductor's caches
         self.precompiled = None
         if self._fuse_step and self.compile_cache is not None:

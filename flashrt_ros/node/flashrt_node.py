@@ -48,6 +48,7 @@ from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
 from flashrt_ros.node.flight_services import FlightServices
+from flashrt_ros.node.goal_echo import GoalEcho
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
 from flashrt_ros.node.loop import (
@@ -157,7 +158,7 @@ class FlashrtNode(LifecycleNode):
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
-        self.service_host.after_replies = self.control.write_said
+        self.service_host.after_replies = self._after_replies
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
         self.control.on_moved = self._on_moved
@@ -165,7 +166,9 @@ class FlashrtNode(LifecycleNode):
             self, self.diagnostic_array, self.control.lock, group=self._cb_services
         )
         latched = QoSProfile(depth=1, durability=QoSDurabilityPolicy.TRANSIENT_LOCAL)
-        self._goal_echo = self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
+        self._goal_echo = GoalEcho(
+            self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
+        )
         self._dir_lock: FolderLock | None = None  # capsule_dir's, from configure to cleanup
 
     def set_parameters_atomically(self, parameter_list) -> SetParametersResult:
@@ -246,7 +249,10 @@ class FlashrtNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(e).__name__}: {e}")
             return TransitionCallbackReturn.FAILURE
         self.cfg, self.engine, self.mapper, self.live = cfg, engine, mapper, "main"
-        self._echo_goal(engine, "main")  # the latched echo of an engine before stays no longer
+        with self.engine_lock:  # the latched echo of an engine before stays no longer
+            change = self._goal_echo.changed()
+            goal = engine.get_goal("main")
+        self._goal_echo.say(change, goal)
         w = self.context_warmer
         if w is not None and engine.device.type != "cuda" and w.release():
             self.get_logger().info(
@@ -715,27 +721,31 @@ class FlashrtNode(LifecycleNode):
             try:
                 self.engine.set_goal(msg.data, session=self.live)
                 self.flight.on_goal(self.engine, self.live)
+                change = self._goal_echo.changed()
             except ValueError as e:  # the engine's reasons already name the goal
                 self._refuse(str(e) if str(e).startswith("goal") else f"goal: {e}")
                 return
             except Exception as e:  # a device error is no bad goal: the fault path
                 self.control.fault("goal", e)
                 return
-        self._goal_echo.publish(Float64MultiArray(data=list(msg.data)))
+        self._goal_echo.say(change, msg.data)
         self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}")
-
-    def _echo_goal(self, eng: Engine, session: str) -> None:
-        """Say on the latched ~/goal_applied the goal the session holds now: a late subscriber
-        (a planner, a monitor) reads the goal the robot heads for, not one a configure, restore,
-        branch, reset or rewind has replaced since."""
-        self._goal_echo.publish(Float64MultiArray(data=eng.get_goal(session).tolist()))
 
     def _on_moved(self, eng: Engine, session: str) -> None:
         """A request put the session's state elsewhere (engine lock held): the flight recorder
-        forgets the stamps past it, and the live session's goal is echoed again."""
+        forgets the stamps past it, and the live session's goal is echoed again, once the
+        replies are sent (goal_echo.py)."""
         self.flight.forget(eng, session)
         if session == self.control.live:
-            self._echo_goal(eng, session)
+            self._goal_echo.moved()
+
+    def _after_replies(self) -> None:
+        """The serving thread, once the replies of a wake-up are sent: the goal echo a request
+        made due, then the lines the requests said."""
+        try:
+            self._goal_echo.flush(self.control)
+        finally:
+            self.control.write_said()
 
     # -- stepping ----------------------------------------------------------------------------------
     def _timer_tick(self, deadline: float) -> None:

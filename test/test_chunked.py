@@ -89,7 +89,7 @@ def test_branch_continues_like_the_original():
 def test_the_module_runs_exactly_every_n_action_steps_ticks():
     module = ll.LeRobotLike(n_action_steps=4)
     eng = engine(module)
-    module.calls = 0  # the load-time purity probe called it twice
+    module.calls = 0  # the load-time purity probe called it three times
     kinds = []
     for k, o in enumerate(OBS[:13]):
         kinds.append(eng.next_tick_kind())
@@ -171,7 +171,7 @@ def test_temporal_ensembling_matches_lerobots_ensembler(coeff):
     eng = engine(module)
     module.outputs.clear()
     acts = run(eng, OBS[:9])  # past chunk_size: the counts saturate
-    assert module.calls == 9 + 2  # every tick infers (plus the two load-time probe calls)
+    assert module.calls == 9 + 3  # every tick infers (plus the three load-time probe calls)
     chunks = [o.double().numpy() for o in module.outputs]
     ref = lerobot_ensembler(chunks, coeff)
     np.testing.assert_allclose(acts, np.concatenate(ref), rtol=0, atol=2e-6)
@@ -228,6 +228,63 @@ def test_a_mono_camera_feeds_a_one_channel_input():
 def test_a_module_drawing_its_own_randomness_is_refused_at_load():
     with pytest.raises(BadRequest, match="not a pure function"):
         load_policy("test.lerobot_like:make_impure")
+
+
+class OwnHistory(ll.LeRobotLike):
+    """Keeps its own observation history, as LeRobot's policies do around their pure part
+    (the first observation repeated to fill it): the same batch twice in a row gives the same
+    chunk, but a capsule cannot hold the deque, so a restore would continue from another
+    history."""
+
+    def __init__(self):
+        super().__init__(n_obs_steps=1)
+        self.seen: list[torch.Tensor] = []
+
+    def predict_action_chunk(self, batch: dict, noise: torch.Tensor | None = None):
+        state = batch["observation.state"]
+        self.seen = (self.seen or [state, state])[-1:] + [state]
+        return self._predict_plain(batch) + 0.1 * self.seen[0].sum() + 0.1 * noise
+
+
+def test_a_module_keeping_its_own_history_is_refused_at_load():
+    with pytest.raises(BadRequest, match="not a pure function.*observation history"):
+        ChunkedPolicy(OwnHistory())
+
+
+def test_features_written_as_plain_dicts_are_read_like_lerobot_features():
+    """LeRobot's config.json stores each feature as {"type": ..., "shape": [...]}."""
+    m = ll.LeRobotLike()
+    as_dicts = {
+        name: {"type": f.type.name, "shape": list(f.shape)}
+        for name, f in m.config.input_features.items()
+    }
+    m.config.input_features = as_dicts
+    m.config.output_features = {"action": {"type": "ACTION", "shape": [ll.ACTION_DIM]}}
+    eng = engine(m)
+    ref = engine()
+    obs = obs_stream(6)
+    assert np.array_equal([eng.step(o) for o in obs], [ref.step(o) for o in obs])
+
+
+def test_a_state_feature_of_more_than_one_dim_is_refused_not_trimmed():
+    m = ll.LeRobotLike()
+    m.config.input_features["observation.state"] = ll.PolicyFeature(
+        ll.FeatureType.STATE, (2, ll.STATE_DIM)
+    )
+    with pytest.raises(BadRequest, match=r"want a shape \(n,\), got \(2, 4\)"):
+        ChunkedPolicy(m)
+
+
+def test_a_call_that_fails_at_load_says_what_the_module_was_given():
+    class NoHistory(ll.LeRobotLike):  # written for (B, D) states, served with n_obs_steps 2
+        def predict_action_chunk(self, batch: dict, noise: torch.Tensor | None = None):
+            return batch["observation.state"].view(1, ll.STATE_DIM) @ torch.zeros(ll.STATE_DIM, 18)
+
+    with pytest.raises(BadRequest) as e:
+        ChunkedPolicy(NoHistory())
+    msg = str(e.value)
+    assert "observation.state (1, 2, 4)" in msg and "n_obs_steps 2" in msg, msg
+    assert "impure predict_action_chunk" in msg
 
 
 def test_a_pure_module_with_nan_on_the_example_batch_is_served_with_a_warning(caplog):

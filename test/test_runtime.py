@@ -203,6 +203,28 @@ def test_load_policy_specs(tmp_path):
         load_policy(str(junk))
 
 
+def test_a_policy_module_that_fails_says_which_error_and_where(tmp_path, monkeypatch):
+    """A user's module that raises while it is imported (a missing robot SDK, a bad config
+    read) or a factory that raises: the error names the module, the exception's type and the
+    line, since the node logs one line for a failed configure, never a traceback."""
+    (tmp_path / "broken_at_import.py").write_text(
+        "x = 1\nraise RuntimeError('missing my_robot_sdk')\n"
+    )
+    (tmp_path / "broken_factory.py").write_text(
+        "def make():\n    cfg = {}\n    return cfg['hidden']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BadRequest) as e:
+        load_policy("broken_at_import:make")
+    msg = str(e.value)
+    assert "importing 'broken_at_import' raised RuntimeError: missing my_robot_sdk" in msg, msg
+    assert "broken_at_import.py:2" in msg, msg
+    with pytest.raises(BadRequest) as e:
+        load_policy("broken_factory:make")
+    msg = str(e.value)
+    assert "failed: KeyError: 'hidden'" in msg and "broken_factory.py:3" in msg, msg
+
+
 def test_a_weights_file_reaches_the_factory_or_is_refused(tmp_path):
     """The node's `weights` parameter is never silently unused: a factory that takes `weights`
     gets the path, one that does not and a .pt2 (which carries its own) refuse it."""

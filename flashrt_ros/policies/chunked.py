@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -47,9 +48,17 @@ def type_name(v) -> str:
     return str(getattr(v, "name", v)).upper()
 
 
+def feature_field(feature, key: str):
+    """A feature's `type` or `shape`: an attribute (LeRobot's PolicyFeature) or a key (the
+    plain dict LeRobot's config.json stores); None when it has neither."""
+    if isinstance(feature, Mapping):
+        return feature.get(key)
+    return getattr(feature, key, None)
+
+
 def feature_type(feature) -> str:
     """ "STATE" | "VISUAL" | "ACTION" | ... from a LeRobot PolicyFeature's `.type`."""
-    return type_name(getattr(feature, "type", None))
+    return type_name(feature_field(feature, "type"))
 
 
 def lerobot_config(module):
@@ -65,8 +74,8 @@ def lerobot_config(module):
 
 def _shape(feature, name: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in feature.shape)
-    except (AttributeError, TypeError, ValueError):
+        return tuple(int(x) for x in feature_field(feature, "shape"))
+    except (TypeError, ValueError):
         raise BadRequest(f"feature {name!r} has no integer .shape") from None
 
 
@@ -93,8 +102,9 @@ class ChunkedPolicy(Policy):
         time_axis: bool | None = None,
     ):
         """`time_axis`: whether batch entries carry the history as dim 1 (default: when
-        n_obs_steps > 1, as LeRobot stacks it). `check_pure` calls predict_action_chunk twice
-        on the same inputs at load and refuses a module whose outputs differ."""
+        n_obs_steps > 1, as LeRobot stacks it). `check_pure` calls predict_action_chunk on a
+        batch, another one and the first again at load, and refuses a module whose two outputs
+        for the same batch differ (check_pure says why)."""
         super().__init__()
         cfg = lerobot_config(module)
         self.module = module.eval()
@@ -104,7 +114,13 @@ class ChunkedPolicy(Policy):
         for name, f in ins.items():
             kind = feature_type(f)
             if kind == "STATE":
-                specs.append(InputSpec(name, _shape(f, name)[-1:], "vector"))
+                shape = _shape(f, name)
+                if len(shape) != 1:  # never trimmed: the module would get another shape
+                    raise BadRequest(
+                        f"state input {name!r}: want a shape (n,), got {shape} (the history of "
+                        "n_obs_steps is added as dim 1 by the runtime, not declared)"
+                    )
+                specs.append(InputSpec(name, shape, "vector"))
             elif kind == "VISUAL":
                 shape = _shape(f, name)
                 if not name.startswith(IMAGE_PREFIX) or len(shape) != 3 or shape[0] not in (1, 3):
@@ -313,20 +329,32 @@ class ChunkedPolicy(Policy):
             out[s.name] = x if s.kind == "image" else x * 2 - 1
         return out
 
+    def _batch_words(self, batch: dict[str, torch.Tensor]) -> str:
+        """What the module was given, for an error about a call that failed on it."""
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+        hist = f"; n_obs_steps {self.n_obs} puts the history in dim 1" if self.time_axis else ""
+        return (
+            f"it was given {shapes}{hist}. A module that reads queues or state of its own "
+            "(LeRobot's DiffusionPolicy does) is served by wrapping its pure part (README: an "
+            "impure predict_action_chunk)"
+        )
+
     def check_pure(self) -> None:
-        """Call predict_action_chunk twice on the same batch (and noise): different outputs
-        mean it draws its own randomness or keeps state (queues), which no capsule can hold,
-        so it is refused. Also checks the output shape."""
+        """Call predict_action_chunk on a batch, on another one, then on the first again (with
+        the same noise): different outputs for the same batch mean it draws its own randomness
+        or keeps state (an observation history or queues of its own), which no capsule can
+        hold, so it is refused. Also checks the output shape."""
         g = torch.Generator().manual_seed(0)
         p = next(self.module.parameters(), None)
         dev = p.device if p is not None else torch.device("cpu")
-        batch = {k: v.to(dev) for k, v in self.example_batch(g).items()}
+        first = {k: v.to(dev) for k, v in self.example_batch(g).items()}
+        other = {k: v.to(dev) for k, v in self.example_batch(g).items()}
         kw = {}
         if self.takes_noise:
             kw["noise"] = torch.randn((1, *self.noise_shape), generator=g).to(dev)
         outs = []
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            for _ in range(2):
+            for batch in (first, other, first):
                 try:
                     y = self.module.predict_action_chunk(
                         {k: v.clone() for k, v in batch.items()}, **kw
@@ -334,20 +362,23 @@ class ChunkedPolicy(Policy):
                 except Exception as e:
                     raise BadRequest(
                         f"{self.policy_id}: predict_action_chunk failed on an example batch "
-                        f"({type(e).__name__}: {e})"
+                        f"({type(e).__name__}: {e}); {self._batch_words(batch)}"
                     ) from e
                 outs.append(y)
         want = (1, self.chunk_len, self.action_dim)
         if not isinstance(outs[0], torch.Tensor) or tuple(outs[0].shape) != want:
             got = tuple(outs[0].shape) if isinstance(outs[0], torch.Tensor) else type(outs[0])
             raise BadRequest(f"{self.policy_id}: predict_action_chunk returned {got}, want {want}")
-        if not torch.allclose(outs[0], outs[1], rtol=0.0, atol=0.0, equal_nan=True):
-            diff = float((outs[0] - outs[1]).abs().nan_to_num(float("inf")).max())
+        if not torch.allclose(outs[0], outs[2], rtol=0.0, atol=0.0, equal_nan=True):
+            diff = float((outs[0] - outs[2]).abs().nan_to_num(float("inf")).max())
             raise BadRequest(
                 f"{self.policy_id}: predict_action_chunk is not a pure function of its inputs "
-                f"(two calls on the same batch{' and noise' if kw else ''} differ by {diff:g}): "
-                "it draws its own randomness or keeps state, which a capsule cannot hold. Pass "
-                "randomness in through a `noise` argument and keep queues out of it."
+                f"(a batch, another one, then the first again{' with the same noise' if kw else ''}"
+                f": the two calls on the same batch differ by {diff:g}): it draws its own "
+                "randomness or keeps state (its own observation history or action queue), which "
+                "a capsule cannot hold. Pass randomness in through a `noise` argument and leave "
+                "the history and the queue to the runtime (README: an impure "
+                "predict_action_chunk)."
             )
         if not torch.isfinite(outs[0]).all():  # pure, but a step on such inputs would fault
             log.warning(

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from flashrt_ros.errors import BadRequest
-from flashrt_ros.policies.chunked import feature_type, lerobot_config, type_name
+from flashrt_ros.policies.chunked import feature_field, feature_type, lerobot_config, type_name
 
 EPS = 1e-8  # LeRobot's NormalizerProcessorStep default
 # mode -> (the two stats it reads: offset, scale-ish), as LeRobot's _apply_transform
@@ -57,7 +57,7 @@ def _features(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
     out = {}
     for group in ("input_features", "output_features"):
         for name, f in dict(getattr(cfg, group, None) or {}).items():
-            out[name] = (feature_type(f), tuple(getattr(f, "shape", ()) or ()))
+            out[name] = (feature_type(f), tuple(feature_field(f, "shape") or ()))
     return out
 
 

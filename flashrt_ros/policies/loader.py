@@ -8,6 +8,7 @@ import inspect
 import logging
 import math
 import os
+import traceback
 from pathlib import Path
 
 import torch
@@ -142,14 +143,23 @@ def load_policy(spec: str = "builtin:hybrid", weights: str | None = None, **over
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
+            module = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise BadRequest(f"cannot load policy factory {spec!r}: {e}") from e
+        except Exception as e:  # the module's own code failed as it was imported
+            raise BadRequest(
+                f"cannot load policy factory {spec!r}: importing {mod_name!r} raised "
+                f"{_what_where(e)}"
+            ) from e
+        try:
+            factory = getattr(module, attr)
+        except AttributeError as e:
             raise BadRequest(f"cannot load policy factory {spec!r}: {e}") from e
         kw = _with_weights(factory, spec, weights, overrides)
         try:
             policy = factory(**kw)
         except Exception as e:
-            raise BadRequest(f"policy factory {spec!r} failed: {e}") from e
+            raise BadRequest(f"policy factory {spec!r} failed: {_what_where(e)}") from e
         if (
             not isinstance(policy, Policy)
             and isinstance(policy, torch.nn.Module)
@@ -185,3 +195,11 @@ def _with_weights(factory, spec: str, weights, overrides: dict) -> dict:
             "would be ignored; give the factory a `weights` parameter or load them inside it"
         )
     return {**overrides, "weights": str(weights)}
+
+
+def _what_where(e: BaseException) -> str:
+    """An exception from a user's code as one line a log can carry: its type, its text and
+    where it was raised (the node logs no traceback for a failed configure)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"

@@ -197,24 +197,30 @@ class JointsOnly(nn.Module):
     most LeRobot arm policies are): a chunk of 4 from tanh(state @ w), 2 rows executed per
     inference, no noise. The node serves it with `state_fields: [position]`."""
 
-    def __init__(self):
+    def __init__(self, actions: int = 6):
         super().__init__()
         self.config = Config(
             input_features={"observation.state": PolicyFeature(FeatureType.STATE, (6,))},
-            output_features={"action": PolicyFeature(FeatureType.ACTION, (6,))},
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (actions,))},
             chunk_size=4,
             n_action_steps=2,
             n_obs_steps=1,
         )
         g = torch.Generator().manual_seed(5)
-        self.w = nn.Parameter(torch.randn(6, 4 * 6, generator=g) * 0.5)
+        self.w = nn.Parameter(torch.randn(6, 4 * actions, generator=g) * 0.5)
+        self.actions = actions
 
     def predict_action_chunk(self, batch: dict) -> torch.Tensor:
-        return torch.tanh(batch["observation.state"] @ self.w).view(-1, 4, 6)
+        return torch.tanh(batch["observation.state"] @ self.w).view(-1, 4, self.actions)
 
 
 def make_joints() -> JointsOnly:
     return JointsOnly()
+
+
+def make_joints_seven_actions() -> JointsOnly:
+    """6 joint positions in, 7 actions out (a gripper command besides 6 joints)."""
+    return JointsOnly(actions=7)
 
 
 def act_positions():

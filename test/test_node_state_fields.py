@@ -98,6 +98,12 @@ def test_position_and_effort_make_the_state_and_a_message_without_effort_is_refu
             "make 12 observations (6 = 1 x 6 joints: state_fields ['position'] would fit)",
         ),
         ({"policy": TINY, "state_fields": ["position"]}, "['position', 'velocity'] would fit"),
+        # the state fits; the action does not (it said only what would fit the state)
+        (
+            {"policy": "test.lerobot_like:make_joints_seven_actions", "state_fields": ["position"]},
+            "gives 7 actions and joint_names has 6 joints: a command carries one action per "
+            "joint, in joint_names' order",
+        ),
         ({"state_fields": ["positions"]}, "state_fields"),
         ({"state_fields": ["position", "position"]}, "each at most once"),
     ],

@@ -210,13 +210,20 @@ class FlashrtNode(LifecycleNode):
             t_load = time.monotonic()
             policy = load_policy(cfg.policy, weights=cfg.weights or None)
             mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit, fields=cfg.state_fields)
-            if policy.action_dim != mapper.n or policy.obs_dim != mapper.dim:
-                raise ValueError(
-                    f"policy {policy.policy_id} takes {policy.obs_dim} observations and gives "
-                    f"{policy.action_dim} actions; joint_names has {mapper.n} joints and "
-                    f"state_fields {list(mapper.fields)} make {mapper.dim} observations"
+            misfits = []
+            if policy.action_dim != mapper.n:
+                misfits.append(
+                    f"it gives {policy.action_dim} actions and joint_names has {mapper.n} "
+                    "joints: a command carries one action per joint, in joint_names' order"
+                )
+            if policy.obs_dim != mapper.dim:
+                misfits.append(
+                    f"it takes {policy.obs_dim} observations and state_fields "
+                    f"{list(mapper.fields)} of {mapper.n} joints make {mapper.dim} observations"
                     + fields_hint(policy.obs_dim, mapper.n)
                 )
+            if misfits:
+                raise ValueError(f"policy {policy.policy_id}: " + "; ".join(misfits))
             cameras = parse_cameras(cfg.cameras)
             state_key = self._check_inputs(policy, cameras)
             self._lock_capsule_dir(cfg.capsule_dir)

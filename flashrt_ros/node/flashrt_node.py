@@ -162,6 +162,7 @@ class FlashrtNode(LifecycleNode):
         self.capsule_services = CapsuleServices(self.control, self.service_host, self._cb_services)
         self.flight = FlightServices(self.control, self.service_host, self._cb_services)
         self.control.on_moved = self._on_moved
+        self.control.on_dropped = self.flight.dropped
         self.diagnostics = Diagnostics(
             self, self.diagnostic_array, self.control.lock, group=self._cb_services
         )

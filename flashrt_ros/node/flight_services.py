@@ -314,6 +314,13 @@ class FlightServices:
         if ring is not None:
             ring.forget_after(steps)
 
+    def dropped(self, eng, session: str) -> None:
+        """A session was dropped (engine lock held): its stamps and counts go with it, so a
+        node that branches into ever new session names keeps a bounded record."""
+        if eng is self._engine:
+            for per_session in (self._rings, self._moves, self._last, self._goals):
+                per_session.pop(session, None)
+
     def on_goal(self, eng, session: str) -> None:
         """A goal was written into the session's arena (engine lock held): a commit-boundary
         edit of its current state, which moves nothing the line check sees. An automatic dump

@@ -84,6 +84,8 @@ class Control:
         # tick left it: the flight recorder forgets the stamps of steps past it, and a live
         # session's goal is echoed again (the node sets it)
         self.on_moved: Callable[[object, str], None] = lambda eng, session: None
+        # told (engine lock held) when a session was dropped: what is kept per session goes
+        self.on_dropped: Callable[[object, str], None] = lambda eng, session: None
 
     def say(self, text: str, warn: bool = False) -> None:
         """A line about a request, written after the reply (write_said). For handlers, which
@@ -363,6 +365,7 @@ class CapsuleServices:
                     "live unchanged)"
                 )
             eng.drop_session(req.session)
+            self.ctl.on_dropped(eng, req.session)
         resp.success, resp.message = True, f"dropped session {req.session!r}"
         self.ctl.say(f"drop_session: {resp.message}")
         return resp

@@ -1,0 +1,45 @@
+"""The node's flight record per session (node/flight_services.py), in-process over real rclpy:
+a planner that branches into a new session name for every attempt, then drops it, keeps a
+bounded record for hours (a soak review found the stamps and counts of every name ever used
+kept until the next configure)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flashrt_ros.node.flight_services import FlightServices
+from flashrt_ros.node.services import Control
+from flashrt_ros.node.stats import LoopStats
+from flashrt_ros.runtime.engine import Engine
+from test.tiny_policy import tiny
+
+
+def test_a_dropped_session_leaves_nothing_in_the_flight_record(ros):
+    eng = Engine(tiny(), device="cpu", flight_ticks=8, max_sessions=3)
+    ctl = Control(LoopStats(), ros.node.get_logger(), lambda: None)
+    ctl.engine = eng
+    flight = FlightServices(ctl, ros.node, None)
+    obs = np.linspace(-1, 1, eng.obs_dim).astype(np.float32)
+    try:
+        for attempt in range(40):
+            name = f"try{attempt}"
+            with ctl.lock:
+                cp = eng.checkpoint()
+                eng.branch(cp.id, name)
+                flight.forget(eng, name)  # what the branch handler tells it (on_moved)
+                eng.set_goal([0.1] * eng.goal_dim, session=name)
+                flight.on_goal(eng, name)
+                for _ in range(3):
+                    eng.step(obs, session=name)
+                    flight.tick(eng, name)
+                eng.step(obs)
+                flight.tick(eng, "main")
+                eng.drop_session(name)
+                flight.dropped(eng, name)
+                eng.drop(cp.id)
+        records = (flight._rings, flight._moves, flight._last, flight._goals)
+        assert all(set(r) <= {"main"} for r in records), [sorted(r) for r in records]
+        main = eng.session("main")
+        assert flight._rings["main"].get(main.steps, main.parent_id) is not None  # kept
+    finally:
+        flight.close()

@@ -12,9 +12,11 @@ allocates, up to 8 per core) may keep up to TRIM_THRESHOLD of freed memory at it
 MiB, a soak of mixed service traffic (checkpoints, branches, rollouts, flight dumps; 100 Hz on
 the 2-core CPU machine) grew the node's RSS 35 MB a minute for 6 minutes without levelling off
 (337 to 548 MB); in the same soak with glibc's defaults it went from 340 to 440 MB, and at 32
-MiB from 370 to 448 MB, 3.7 MB a minute over its last three minutes (a review's soak, run by hand:
-not committed). 32 MiB still holds a take's buffers of a 640x480 or a 1080p frame (0.9 or 6.2 MB
-each, a few per message).
+MiB from 370 to 448 MB, 3.7 MB a minute over its last three minutes. Longer soaks at 32 MiB
+level off (bench/memory_soak.py: 320 MB after 8 minutes of mixed traffic, 0.12 MB a minute in
+its last third; flight dumps of a 300-tick ring fill the arenas to ~623 MB, then flat). 32 MiB
+still holds a take's buffers of a 640x480 or a 1080p frame (0.9 or 6.2 MB each, a few per
+message).
 
 `FLASHRT_MALLOC=default` leaves the C library's settings alone.
 """

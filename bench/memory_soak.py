@@ -51,18 +51,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MODES = ("mix", "js_only", "list_only", "ckpt_drop", "rollout_only", "dump_only", "churn")
-SERVICES = (
-    "checkpoint",
-    "restore",
-    "branch",
-    "list_capsules",
-    "drop_capsule",
-    "rollout",
-    "drop_session",
-    "reset_session",
-    "rewind",
-    "dump_flight",
-)
 STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmSize", "Threads")
 OBS_DIM = 12  # the default policy's: 6 joint positions and 6 velocities
 JS_HZ = 100.0
@@ -162,25 +150,14 @@ class Traffic:
 
     def __init__(self, ros, node, mode: str) -> None:
         from bench.ros_bench import ServiceCaller
-        from flashrt_ros import srv
+        from test.node_client import SERVICE_TYPES
 
         self.mode, self.node = mode, node
         self.caller = ServiceCaller(ros)
-        self.types = {
-            "checkpoint": srv.Checkpoint,
-            "restore": srv.Restore,
-            "branch": srv.Branch,
-            "list_capsules": srv.ListCapsules,
-            "drop_capsule": srv.DropCapsule,
-            "rollout": srv.Rollout,
-            "drop_session": srv.DropSession,
-            "reset_session": srv.ResetSession,
-            "rewind": srv.Rewind,
-            "dump_flight": srv.DumpFlight,
-        }
+        self.types = SERVICE_TYPES
         self.clients = {k: self.caller.client(t, node.service(k)) for k, t in self.types.items()}
-        self.calls = dict.fromkeys(SERVICES, 0)
-        self.failures = dict.fromkeys(SERVICES, 0)
+        self.calls = dict.fromkeys(SERVICE_TYPES, 0)
+        self.failures = dict.fromkeys(SERVICE_TYPES, 0)
         self.examples: list[str] = []
         self.rounds = 0
         self.rnd = random.Random(0)
@@ -445,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     isolate(args.domain)
     work = args.log_dir or Path(tempfile.mkdtemp(prefix="memsoak-"))
     work.mkdir(parents=True, exist_ok=True)
+    from test.node_client import SERVICE_TYPES
     from test.ros_helpers import ros_harness
 
     cmd = node_command(args, work)
@@ -477,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             node = start_node(cmd, work / "node.log", args.namespace)
             log(f"node pid {node.pid}, log {node.log_path}")
             try:
-                ros.wait_for_services(node, SERVICES, args.start_timeout)
+                ros.wait_for_services(node, tuple(SERVICE_TYPES), args.start_timeout)
                 traffic = Traffic(ros, node, args.mode)
                 if traffic.call("list_capsules") is None:
                     raise RuntimeError(f"the node does not answer; log:\n{node.log_tail()}")

@@ -15,6 +15,20 @@ from std_msgs.msg import Float64MultiArray
 
 from flashrt_ros import srv
 
+# the node's private services by name (`~/<name>`), as the clients here and the bench call them
+SERVICE_TYPES = {
+    "checkpoint": srv.Checkpoint,
+    "restore": srv.Restore,
+    "branch": srv.Branch,
+    "list_capsules": srv.ListCapsules,
+    "drop_capsule": srv.DropCapsule,
+    "rollout": srv.Rollout,
+    "drop_session": srv.DropSession,
+    "reset_session": srv.ResetSession,
+    "rewind": srv.Rewind,
+    "dump_flight": srv.DumpFlight,
+}
+
 JOINTS = [f"joint{i}" for i in range(1, 7)]
 
 
@@ -140,16 +154,7 @@ class NodeClient:
         )
 
     def call(self, service: str, /, **fields):
-        typ = {
-            "checkpoint": srv.Checkpoint,
-            "restore": srv.Restore,
-            "branch": srv.Branch,
-            "list_capsules": srv.ListCapsules,
-            "drop_capsule": srv.DropCapsule,
-            "rollout": srv.Rollout,
-            "drop_session": srv.DropSession,
-            "reset_session": srv.ResetSession,
-        }[service]
+        typ = SERVICE_TYPES[service]
         req = typ.Request()
         for k, v in fields.items():
             setattr(req, k, v)

@@ -296,6 +296,7 @@ def diag_numbers(d: dict) -> dict:
         "overruns_late_wake",
         "overruns_long_tick",
         "overruns_collector",
+        "delayed_ticks",
         "last_overrun",
         "refused_inputs",
         "stale_ticks",
@@ -551,7 +552,13 @@ def run_timer(
         row["publish_offset_s"] = offset
         row["startup_s"] = round(startup, 1)
         nd = diag_numbers(d1)
-        for k in ("overruns", "overruns_late_wake", "overruns_long_tick", "overruns_collector"):
+        for k in (
+            "overruns",
+            "overruns_late_wake",
+            "overruns_long_tick",
+            "overruns_collector",
+            "delayed_ticks",
+        ):
             if k in nd and k in diag_numbers(d0):
                 nd[f"{k}_in_window"] = nd[k] - diag_numbers(d0)[k]
         if "steps" in nd and "steps" in diag_numbers(d0):
@@ -1410,16 +1417,19 @@ def headline(
         "floor_jitter_p99_us": dig(f500, "period_jitter_p99_us"),
         "node_step_p50_us": dig(r500, "node", "step_p50_us"),
         "overruns_1khz_60s": dig(r1k, "node", "overruns_in_window"),
+        "delayed_ticks_1khz_60s": dig(r1k, "node", "delayed_ticks_in_window"),
         "node_jitter_p99_us_1khz": dig(r1k, "node", "jitter_p99_us"),
         "client_jitter_p99_us_1khz": dig(r1k, "period_jitter_p99_us"),
         "floor_jitter_p99_us_1khz": dig(f1k, "period_jitter_p99_us"),
         "floor_overruns_1khz": dig(f1k, "loop", "overruns"),
+        "floor_delayed_ticks_1khz": dig(f1k, "loop", "delayed_ticks"),
         "floor_wake_late_max_us_1khz": dig(f1k, "loop", "wake_late_max_us"),
         "publish_offset_s_1khz": dig(r1k, "publish_offset_s"),
         "client_jitter_p99_us_1khz_no_offset": dig(r1k0, "period_jitter_p99_us"),
         "node_publish_jitter_p99_us_1khz": dig(r1k, "node_publish", "jitter_p99_us"),
         "node_publish_jitter_p99_us_1khz_no_offset": dig(r1k0, "node_publish", "jitter_p99_us"),
         "overruns_1khz_no_offset": dig(r1k0, "node", "overruns_in_window"),
+        "delayed_ticks_1khz_no_offset": dig(r1k0, "node", "delayed_ticks_in_window"),
         "warm_start_s": dig(starts.get("warm"), "first_command_s"),
         "cold_start_s": dig(starts.get("cold"), "first_command_s"),
         "floor_start_s": dig(starts.get("floor"), "first_command_s"),
@@ -1478,11 +1488,14 @@ def headline(
         "work, jitter at the client's DDS reception (vs client_jitter_p99_us*, the node's "
         "500 Hz run without publish offset and 1 kHz runs with (publish_offset_s_1khz) and "
         "without; the 1 kHz floor runs --seconds-1khz, as the node's 1 kHz "
-        "row, and floor_overruns_1khz counts its deadlines missed over its whole run, the "
+        "row, and floor_overruns_1khz counts its periods skipped (floor_delayed_ticks_1khz its "
+        "ticks run late, as the node's) over its whole run, the "
         "window and ~2 s around it); image echo = 640x480 rgb8 Image echoed as-is",
         "node_rule": "node_step_p50_us, node_cpu_pct_500hz (utime+stime from /proc over the "
         "window, percent of one core): the 500 Hz run without publish offset; "
-        "overruns_1khz_60s, node_jitter_p99_us_1khz (the node's /diagnostics) and "
+        "overruns_1khz_60s (periods skipped: no command in them), delayed_ticks_1khz_60s "
+        "(ticks that started late, the tick before having run past their deadline, and still "
+        "commanded within their period), node_jitter_p99_us_1khz (the node's /diagnostics) and "
         "client_jitter_p99_us_1khz: the 1 kHz run, overruns_1khz_window_s long, at "
         "publish_offset_s_1khz (each command at that phase after its deadline; *_no_offset: "
         "the 1 kHz run of --seconds without it)",
@@ -2016,7 +2029,8 @@ def print_table(r: dict) -> None:
     keys = (
         "rate_hz period_jitter_p99_us obs_to_action_p50_us service_rtt_p50_us floor_echo_p50_us "
         "floor_service_p50_us floor_service_beside_p50_us floor_jitter_p99_us "
-        "node_step_p50_us overruns_1khz_60s node_jitter_p99_us_1khz client_jitter_p99_us_1khz "
+        "node_step_p50_us overruns_1khz_60s delayed_ticks_1khz_60s node_jitter_p99_us_1khz "
+        "client_jitter_p99_us_1khz "
         "publish_offset_s_1khz client_jitter_p99_us_1khz_no_offset "
         "floor_jitter_p99_us_1khz floor_overruns_1khz "
         "warm_start_s cold_start_s late_fuse_start_s late_fuse_swap_s unfused_start_s "

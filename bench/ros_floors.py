@@ -110,10 +110,12 @@ def _timer_thread(
         precise_sleeps()  # as the node's control thread
     from std_msgs.msg import Float64MultiArray
 
+    from flashrt_ros.node.loop import after_tick
+
     period = 1.0 / rate
     msg = Float64MultiArray()
     late: list[float] = []
-    overruns = k = 0
+    overruns = delayed = k = 0
     deadline = time.monotonic() + period
     while not stop.is_set():
         remaining = deadline - time.monotonic()
@@ -133,17 +135,16 @@ def _timer_thread(
         except Exception:  # the context went away under us: stop quietly
             break
         k += 1
-        deadline += period
-        now = time.monotonic()
-        if now > deadline:  # overran the next deadline: skip the lost ones (as TimerLoop)
-            missed = int((now - deadline) / period) + 1
-            overruns += missed
-            deadline += missed * period
+        # past the next deadline: that tick runs late, or is skipped (as TimerLoop)
+        deadline, missed, was_late = after_tick(deadline + period, time.monotonic(), period)
+        overruns += missed
+        delayed += was_late
     late_us = sorted(x * 1e6 for x in late[100:] or late)  # past the first ~0.1-0.2 s
     q = lambda p: round(late_us[min(len(late_us) - 1, int(p / 100 * len(late_us)))], 1)  # noqa: E731
     stats.update(
         published=k,
         overruns=overruns,
+        delayed_ticks=delayed,
         wake_late_p50_us=q(50) if late_us else None,
         wake_late_p99_us=q(99) if late_us else None,
         wake_late_max_us=round(late_us[-1], 1) if late_us else None,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from flashrt_ros.node.loop import EngineLock, ThreadUsage, TimerLoop, os_thread_name
+from flashrt_ros.node.loop import EngineLock, ThreadUsage, TimerLoop, after_tick, os_thread_name
 
 
 def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
@@ -36,7 +36,7 @@ def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     assert seen["slack"] == 1
     assert libc.prctl(30, 0, 0, 0, 0) > 1  # this thread's own was not changed
     # absolute deadlines: every tick is due a whole number of periods after the one before
-    # (a tick that overran on a loaded machine skips the deadlines it missed, never drifts)
+    # (a tick that overran on a loaded machine delays the next or skips it, never drifts)
     gaps = [(b - a) / 0.005 for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) >= 10 and all(round(g) >= 1 and abs(g - round(g)) < 1e-6 for g in gaps)
 
@@ -83,7 +83,7 @@ def _run_loop(rate_hz: float, tick, seconds: float) -> list[tuple]:
     loop = TimerLoop(
         rate_hz,
         on_tick,
-        on_timing=lambda jitter, missed, took: events.append(("timing", missed)),
+        on_timing=lambda jitter, missed, took, delayed: events.append(("timing", missed)),
         on_error=lambda e: events.append(("error", e)),
         idle=idle,
     )
@@ -136,7 +136,7 @@ def test_timing_reports_how_long_an_overrunning_tick_took():
     loop = TimerLoop(
         200.0,
         lambda d: time.sleep(2.5 * period),  # every tick runs long
-        on_timing=lambda jitter, missed, took: seen.append((jitter, missed, took)),
+        on_timing=lambda jitter, missed, took, delayed: seen.append((jitter, missed, took)),
         on_error=lambda e: seen.append((0.0, -1, 0.0)),
     )
     loop.start()
@@ -144,6 +144,53 @@ def test_timing_reports_how_long_an_overrunning_tick_took():
     loop.stop()
     assert len(seen) >= 3 and all(m >= 2 for _, m, _ in seen), seen
     assert all(took >= 2.5 * period > jitter for jitter, _, took in seen), seen
+
+
+def test_after_a_long_tick_the_next_runs_late_while_its_period_is_less_than_half_gone():
+    """Where the loop goes after a tick (period 1, the next deadline 10): on time; the next
+    tick at once, late, while less than half its period is gone; else skipped, the periods gone
+    counted; after several periods, the newest one runs late if its own half is not gone."""
+    assert after_tick(10.0, 9.9, 1.0) == (10.0, 0, False)
+    assert after_tick(10.0, 10.2, 1.0) == (10.0, 0, True)
+    assert after_tick(10.0, 10.7, 1.0) == (11.0, 1, False)
+    assert after_tick(10.0, 12.3, 1.0) == (12.0, 2, True)
+    assert after_tick(10.0, 12.6, 1.0) == (13.0, 3, False)
+
+
+@pytest.mark.parametrize("over, skipped", [(0.2, 0), (0.7, 1)])
+def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over, skipped):
+    """A tick that ends `over` of a period past the next deadline: at 0.2 the next tick runs
+    at once, late, and its command is not lost (its deadline is the very next one; no
+    overrun, the timing says delayed); at 0.7, more than half of that period is gone, so it is
+    skipped and counted as an overrun, and the loop waits for the deadline after it."""
+    period = 0.01
+    starts: list[tuple[float, float]] = []  # (deadline, when the tick began)
+    timing: list[tuple[int, bool]] = []
+
+    def tick(deadline: float) -> None:
+        starts.append((deadline, time.monotonic()))
+        if len(starts) == 3:  # the third tick runs long
+            while time.monotonic() < deadline + (1 + over) * period:
+                pass
+
+    loop = TimerLoop(
+        1 / period,
+        tick,
+        on_timing=lambda jitter, missed, took, delayed: timing.append((missed, delayed)),
+        on_error=pytest.fail,
+    )
+    loop.start()
+    time.sleep(0.1)
+    loop.stop()
+    assert len(starts) >= 5, starts
+    (d3, _), (d4, began4) = starts[2], starts[3]
+    assert round((d4 - d3) / period) == 1 + skipped
+    assert timing[2] == (skipped, not skipped)
+    late = (began4 - d4) / period
+    if skipped:
+        assert late < 0.2, late  # on time, at the deadline after the skipped one
+    else:
+        assert 0.15 < late < 0.5, late  # at once, about 0.2 of a period late
 
 
 @pytest.mark.parametrize("busy", [False, True])

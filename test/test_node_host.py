@@ -274,7 +274,7 @@ def _lend_to_loop(host, rate_hz: float, tick, ticks: list):
     loop = TimerLoop(
         rate_hz,
         tick,
-        on_timing=lambda jitter, missed, took: None,
+        on_timing=lambda *_: None,
         on_error=lambda e: ticks.append(("error", e)),
         serving=host.lent,
         wake=host.wake,

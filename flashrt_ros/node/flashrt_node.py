@@ -1017,9 +1017,10 @@ class FlashrtNode(LifecycleNode):
             return
         self.control.fault("control tick", e, step_error=True)
 
-    def _on_timing(self, jitter: float, missed: int, took: float) -> None:
+    def _on_timing(self, jitter: float, missed: int, took: float, delayed: bool = False) -> None:
         with self.stats.lock:
             self.stats.jitter_us.add(abs(jitter) * 1e6)
+            self.stats.delayed_ticks += delayed
             if missed:
                 self.stats.overruns += missed
                 if jitter > took:
@@ -1066,6 +1067,7 @@ class FlashrtNode(LifecycleNode):
             "overruns_late_wake": str(sn["overruns_late_wake"]),
             "overruns_long_tick": str(sn["overruns_long_tick"]),
             "overruns_collector": str(sn["overruns_collector"]),
+            "delayed_ticks": str(sn["delayed_ticks"]),
             "refused_inputs": str(sn["refused"]),
             "last_refusal": sn["last_refusal"],
             "stale_ticks": str(sn["stale_ticks"]),

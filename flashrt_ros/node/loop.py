@@ -305,9 +305,34 @@ class EngineLock:
             self._bump()
 
 
+LATE_SHARE = 0.5  # a tick may still start this share of its period late; later, it is skipped
+
+
+def after_tick(deadline: float, now: float, period: float) -> tuple[float, int, bool]:
+    """Where the loop goes once a tick ended at `now`, `deadline` being the next one due: (the
+    deadline of the tick to run next, the periods skipped, whether that tick starts late).
+
+    A tick that ran past the next deadline delays the next tick; it does not cost it. The next
+    one starts at once if less than LATE_SHARE of its period is gone, so its command still goes
+    out within its period: at 1 kHz a publish that took 400 us too long (the virtual machine
+    took the CPU away) used to lose the next period's command for a 12 us overshoot. Periods
+    gone further than that are skipped, counted as overruns; the tick then waits for the next
+    deadline, which leaves a loop whose ticks always run long some room (services, /diagnostics).
+    """
+    if now <= deadline:
+        return deadline, 0, False
+    passed = int((now - deadline) / period)  # whole periods already gone past `deadline`
+    latest = deadline + passed * period  # the last deadline at or before now
+    if now - latest < LATE_SHARE * period:
+        return latest, passed, True
+    return latest + period, passed + 1, False
+
+
 class TimerLoop:
     """Calls `tick()` at `rate_hz`. Deadlines are absolute (start + k * period), so a late tick
-    does not shift later ones; ticks missed entirely are counted as overruns and skipped.
+    does not shift later ones. A tick that starts late because the one before ran into its
+    period runs at once (`after_tick`); periods more than half gone are counted as overruns and
+    skipped.
 
     `idle(deadline)`, when given, is called after a tick that left time before the next
     deadline (more than the final spin): periodic side work (/diagnostics) done by this thread
@@ -348,7 +373,9 @@ class TimerLoop:
         self.busy = busy
         self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
-        self.on_timing = on_timing  # (jitter_s, overruns, tick_s) after each tick
+        # (jitter_s, overruns, tick_s, delayed) after each tick; delayed: the next tick starts
+        # late, this one having run past its deadline
+        self.on_timing = on_timing
         self.on_error = on_error  # an exception in a tick is reported, the loop goes on
         self.idle = idle  # idle(next deadline) after a tick with time to spare
         self.serving, self.wake = serving, wake
@@ -440,16 +467,13 @@ class TimerLoop:
                 self.on_error(e)
             if self._stop.is_set():  # stopped during the tick (a stop() that timed out): no
                 break  # schedule nor idle work after it, a newer loop may own the lock now
-            deadline += self.period
-            missed = 0
             now = time.monotonic()
             tick_s = now - start if not tick_s else 0.9 * tick_s + 0.1 * (now - start)
-            if now > deadline:  # the tick overran the next deadline: skip what is lost
-                missed = int((now - deadline) / self.period) + 1
-                deadline += missed * self.period
+            # past the next deadline: that tick runs late, or is skipped (after_tick says why)
+            deadline, missed, delayed = after_tick(deadline + self.period, now, self.period)
             if lock is not None:
                 lock.schedule(deadline, self.period, tick_s)
-            self.on_timing(jitter, missed, now - start)
+            self.on_timing(jitter, missed, now - start, delayed)
             if self.idle is not None and deadline - time.monotonic() > SPIN_S:
                 try:
                     self.idle(deadline)

@@ -64,6 +64,8 @@ class LoopStats:
         self.overruns_late_wake = 0  # overrunning ticks that woke later than they took to run
         self.overruns_long_tick = 0  # the others: the tick itself ran long
         self.overruns_collector = 0  # overrunning ticks that held a garbage collector pass
+        # ticks that started late, the one before having run into their period (none lost)
+        self.delayed_ticks = 0
         self.refused = 0
         self.stale_ticks = 0
         self.stale_s = 0.0
@@ -125,6 +127,7 @@ class LoopStats:
                     "overruns_late_wake",
                     "overruns_long_tick",
                     "overruns_collector",
+                    "delayed_ticks",
                     "refused",
                     "last_refusal",
                     "stale_ticks",

@@ -26,10 +26,13 @@ in a fresh ROS_DOMAIN_ID with LOCALHOST discovery) and measures from a client in
 
 The 1 kHz rate runs --seconds-1khz (60 s; --quick 5 s) with publish_offset_s --offset-1khz
 (0.0006: each command at a fixed phase after its deadline, as a user who cares about the
-robot's command timing sets it): its overruns are `overruns_1khz_60s`, and its client-side
-jitter `client_jitter_p99_us_1khz`; with an offset the 1 kHz rate also runs --seconds without
-one (`*_1khz_no_offset`). The 1 kHz timer floor runs as long (`floor_overruns_1khz`: a thread
-doing no work misses deadlines too when the machine stalls it). The node's CPU use (utime +
+robot's command timing sets it): its overruns (periods skipped: since 3c9a838 a tick that
+ran into the next period delays that tick, once, rather than skip it) are `overruns_1khz_60s`,
+the delayed ticks `delayed_ticks_1khz_60s` (before 3c9a838 each of those was an overrun), and
+its client-side jitter `client_jitter_p99_us_1khz`; with an offset the 1 kHz rate also runs
+--seconds without one (`*_1khz_no_offset`). The 1 kHz timer floor runs as long, by the same
+rule (`floor_overruns_1khz`: a thread doing no work misses deadlines too when the machine
+stalls it). The node's CPU use (utime +
 stime from /proc/<pid>/stat, percent of one core) is measured over each timer window. Every
 figure that has a floor is reported beside it and as ours - floor (`vs_floor`).
 

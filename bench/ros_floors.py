@@ -116,6 +116,7 @@ def _timer_thread(
     msg = Float64MultiArray()
     late: list[float] = []
     overruns = delayed = k = 0
+    was_late = False
     deadline = time.monotonic() + period
     while not stop.is_set():
         remaining = deadline - time.monotonic()
@@ -136,7 +137,9 @@ def _timer_thread(
             break
         k += 1
         # past the next deadline: that tick runs late, or is skipped (as TimerLoop)
-        deadline, missed, was_late = after_tick(deadline + period, time.monotonic(), period)
+        deadline, missed, was_late = after_tick(
+            deadline + period, time.monotonic(), period, may_delay=not was_late
+        )
         overruns += missed
         delayed += was_late
     late_us = sorted(x * 1e6 for x in late[100:] or late)  # past the first ~0.1-0.2 s

@@ -149,28 +149,30 @@ def test_timing_reports_how_long_an_overrunning_tick_took():
 def test_after_a_long_tick_the_next_runs_late_while_its_period_is_less_than_half_gone():
     """Where the loop goes after a tick (period 1, the next deadline 10): on time; the next
     tick at once, late, while less than half its period is gone; else skipped, the periods gone
-    counted; after several periods, the newest one runs late if its own half is not gone."""
+    counted; after several periods, the newest one runs late if its own half is not gone; and
+    never late twice in a row (may_delay False after a delayed tick)."""
     assert after_tick(10.0, 9.9, 1.0) == (10.0, 0, False)
     assert after_tick(10.0, 10.2, 1.0) == (10.0, 0, True)
     assert after_tick(10.0, 10.7, 1.0) == (11.0, 1, False)
     assert after_tick(10.0, 12.3, 1.0) == (12.0, 2, True)
     assert after_tick(10.0, 12.6, 1.0) == (13.0, 3, False)
+    assert after_tick(10.0, 10.2, 1.0, may_delay=False) == (11.0, 1, False)
+    assert after_tick(10.0, 9.9, 1.0, may_delay=False) == (10.0, 0, False)
 
 
-@pytest.mark.parametrize("over, skipped", [(0.2, 0), (0.7, 1)])
-def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over, skipped):
-    """A tick that ends `over` of a period past the next deadline: at 0.2 the next tick runs
-    at once, late, and its command is not lost (its deadline is the very next one; no
-    overrun, the timing says delayed); at 0.7, more than half of that period is gone, so it is
-    skipped and counted as an overrun, and the loop waits for the deadline after it."""
-    period = 0.01
-    starts: list[tuple[float, float]] = []  # (deadline, when the tick began)
+def _long_ticks(period: float, long, seconds: float) -> tuple[list, list, int]:
+    """A TimerLoop whose tick number i (from 0) runs until `long(i)` periods after its start
+    (None: returns at once); (the (deadline, start) of each tick, the (missed, delayed) of
+    each timing, the idle hook's calls)."""
+    starts: list[tuple[float, float]] = []
     timing: list[tuple[int, bool]] = []
+    idle: list[float] = []
 
     def tick(deadline: float) -> None:
-        starts.append((deadline, time.monotonic()))
-        if len(starts) == 3:  # the third tick runs long
-            while time.monotonic() < deadline + (1 + over) * period:
+        t0 = time.monotonic()
+        starts.append((deadline, t0))
+        if (k := long(len(starts) - 1)) is not None:
+            while time.monotonic() < t0 + k * period:
                 pass
 
     loop = TimerLoop(
@@ -178,19 +180,43 @@ def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over
         tick,
         on_timing=lambda jitter, missed, took, delayed: timing.append((missed, delayed)),
         on_error=pytest.fail,
+        idle=idle.append,
     )
     loop.start()
-    time.sleep(0.1)
+    time.sleep(seconds)
     loop.stop()
+    return starts, timing, len(idle)
+
+
+@pytest.mark.parametrize("over, skipped", [(0.05, 0), (0.55, 1)])
+def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over, skipped):
+    """The third tick ends `over` of a period past the next deadline: at 0.05 the next tick runs
+    at once, late, and its command is not lost (its deadline is the very next one; no overrun,
+    the timing says delayed); at 0.55, more than half of that period is gone, so it is skipped
+    and counted as an overrun, and the loop waits for the deadline after it. (A period of 50 ms
+    leaves each case ~22 ms of a loaded machine's lateness before it would turn into the other.)"""
+    period = 0.05
+    starts, timing, _ = _long_ticks(period, lambda i: 1 + over if i == 2 else None, 0.35)
     assert len(starts) >= 5, starts
-    (d3, _), (d4, began4) = starts[2], starts[3]
+    (d3, b3), (d4, b4) = starts[2], starts[3]
+    assert b3 - d3 < 0.4 * period, starts  # the long tick itself began about on time
     assert round((d4 - d3) / period) == 1 + skipped
     assert timing[2] == (skipped, not skipped)
-    late = (began4 - d4) / period
-    if skipped:
-        assert late < 0.2, late  # on time, at the deadline after the skipped one
-    else:
-        assert 0.15 < late < 0.5, late  # at once, about 0.2 of a period late
+    if not skipped:
+        assert b4 - d4 > 0.9 * over * period  # at once, as late as the long tick left it
+
+
+def test_a_delayed_tick_never_delays_the_next_so_the_loop_keeps_gaps():
+    """Every tick runs 1.1 periods: a tick on time delays the next; that one, late itself, may
+    not delay the one after it, which is skipped. So the loop keeps a gap of most of a period
+    every third period (services, /diagnostics) instead of running late back to back."""
+    period = 0.02
+    starts, timing, idles = _long_ticks(period, lambda i: 1.1, 0.5)
+    assert len(timing) >= 6, timing
+    flags = [d for _, d in timing]
+    assert not any(a and b for a, b in zip(flags, flags[1:], strict=False)), timing
+    assert any(flags) and sum(m for m, _ in timing) > 0, timing
+    assert idles > 0  # the gaps left room for the idle hook
 
 
 @pytest.mark.parametrize("busy", [False, True])

@@ -110,6 +110,7 @@ class FlashrtNode(LifecycleNode):
         # _marked of them are this tick's (fewer on an early return), _offset: a publish offset
         self._marks = [0.0] * (len(TICK_PARTS) + 1)
         self._tick_usage = ThreadUsage()  # the control thread's CPU and switches per tick
+        self._started_late = False  # this tick began late: the one before ran into its period
         self._marked, self._offset = 0, False
         self.stats = LoopStats()
         # the services' (and diagnostics') view of the node: engine, live session, lock, stats
@@ -476,6 +477,7 @@ class FlashrtNode(LifecycleNode):
         if self.cfg.trigger == "observation" and self.cfg.busy_wait:
             self._inputs.set_busy(True)  # the thread that steps polls while active (busy_wait)
         if self.cfg.trigger == "timer":
+            self._started_late = False  # a new loop's first tick is on time
             self._loop = TimerLoop(
                 self.cfg.rate_hz,
                 self._timer_tick,
@@ -1018,12 +1020,14 @@ class FlashrtNode(LifecycleNode):
         self.control.fault("control tick", e, step_error=True)
 
     def _on_timing(self, jitter: float, missed: int, took: float, delayed: bool = False) -> None:
+        # a tick the one before delayed did not wake late: its lateness is that tick's run
+        inherited, self._started_late = self._started_late, delayed
         with self.stats.lock:
             self.stats.jitter_us.add(abs(jitter) * 1e6)
             self.stats.delayed_ticks += delayed
             if missed:
                 self.stats.overruns += missed
-                if jitter > took:
+                if jitter > took and not inherited:
                     self.stats.overruns_late_wake += 1
                 else:
                     self.stats.overruns_long_tick += 1
@@ -1036,8 +1040,11 @@ class FlashrtNode(LifecycleNode):
                     if part != "offset" or self._offset
                 )
                 usage = self._tick_usage.since()
+                late = "started" if inherited else "woke"
                 self.stats.last_overrun = (
-                    f"woke {jitter * 1e6:.0f} us late, tick took {took * 1e6:.0f} us"
+                    f"{late} {jitter * 1e6:.0f} us late"
+                    + (" (the tick before ran into its period)" if inherited else "")
+                    + f", tick took {took * 1e6:.0f} us"
                     + (f" ({split} us)" if split else "")
                     + f", {missed} tick(s) skipped"
                     + (f"; the tick's thread: {usage}" if usage else "")

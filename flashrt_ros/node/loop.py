@@ -308,7 +308,9 @@ class EngineLock:
 LATE_SHARE = 0.5  # a tick may still start this share of its period late; later, it is skipped
 
 
-def after_tick(deadline: float, now: float, period: float) -> tuple[float, int, bool]:
+def after_tick(
+    deadline: float, now: float, period: float, may_delay: bool = True
+) -> tuple[float, int, bool]:
     """Where the loop goes once a tick ended at `now`, `deadline` being the next one due: (the
     deadline of the tick to run next, the periods skipped, whether that tick starts late).
 
@@ -316,14 +318,17 @@ def after_tick(deadline: float, now: float, period: float) -> tuple[float, int, 
     one starts at once if less than LATE_SHARE of its period is gone, so its command still goes
     out within its period: at 1 kHz a publish that took 400 us too long (the virtual machine
     took the CPU away) used to lose the next period's command for a 12 us overshoot. Periods
-    gone further than that are skipped, counted as overruns; the tick then waits for the next
-    deadline, which leaves a loop whose ticks always run long some room (services, /diagnostics).
+    gone further than that are skipped, counted as overruns, and the loop waits for the next
+    deadline. A delayed tick may not delay the one after it (`may_delay` False): a loop whose
+    ticks always run a little long (a publish offset plus a slow publish beyond the period)
+    would otherwise run late back to back for ever, with no gap left for the services, the
+    idle work (/diagnostics) or a rollout's steps, and no overrun counted to say so.
     """
     if now <= deadline:
         return deadline, 0, False
     passed = int((now - deadline) / period)  # whole periods already gone past `deadline`
     latest = deadline + passed * period  # the last deadline at or before now
-    if now - latest < LATE_SHARE * period:
+    if may_delay and now - latest < LATE_SHARE * period:
         return latest, passed, True
     return latest + period, passed + 1, False
 
@@ -331,8 +336,8 @@ def after_tick(deadline: float, now: float, period: float) -> tuple[float, int, 
 class TimerLoop:
     """Calls `tick()` at `rate_hz`. Deadlines are absolute (start + k * period), so a late tick
     does not shift later ones. A tick that starts late because the one before ran into its
-    period runs at once (`after_tick`); periods more than half gone are counted as overruns and
-    skipped.
+    period runs at once (`after_tick`), but not twice in a row; periods more than half gone are
+    counted as overruns and skipped.
 
     `idle(deadline)`, when given, is called after a tick that left time before the next
     deadline (more than the final spin): periodic side work (/diagnostics) done by this thread
@@ -445,7 +450,7 @@ class TimerLoop:
 
     def _loop(self, serve) -> None:
         deadline = time.monotonic() + self.period
-        lock, tick_s = self.lock, 0.0
+        lock, tick_s, delayed = self.lock, 0.0, False
         if lock is not None:
             lock.schedule(deadline, self.period)
         while not self._stop.is_set():
@@ -470,7 +475,9 @@ class TimerLoop:
             now = time.monotonic()
             tick_s = now - start if not tick_s else 0.9 * tick_s + 0.1 * (now - start)
             # past the next deadline: that tick runs late, or is skipped (after_tick says why)
-            deadline, missed, delayed = after_tick(deadline + self.period, now, self.period)
+            deadline, missed, delayed = after_tick(
+                deadline + self.period, now, self.period, may_delay=not delayed
+            )
             if lock is not None:
                 lock.schedule(deadline, self.period, tick_s)
             self.on_timing(jitter, missed, now - start, delayed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -217,6 +218,30 @@ def test_a_delayed_tick_never_delays_the_next_so_the_loop_keeps_gaps():
     assert not any(a and b for a, b in zip(flags, flags[1:], strict=False)), timing
     assert any(flags) and sum(m for m, _ in timing) > 0, timing
     assert idles > 0  # the gaps left room for the idle hook
+
+
+def test_a_period_shorter_than_the_final_spin_still_leaves_time_to_serve():
+    """At 5 kHz (a period of 200 us, the length of SPIN_S) with ticks that run over, the final
+    spin was always due: the services lent to the loop were never served, and a request waited
+    until the node stopped. The spin is at most a quarter period now."""
+    served: list[float] = []
+
+    @contextlib.contextmanager
+    def serving():
+        yield lambda timeout_s, due: served.append(timeout_s)
+
+    def tick(deadline: float) -> None:
+        end = time.monotonic() + 0.0003  # each tick longer than the period
+        while time.monotonic() < end:
+            pass
+
+    loop = TimerLoop(5000.0, tick, on_timing=lambda *_: None, on_error=pytest.fail)
+    loop.serving = serving
+    loop.start()
+    time.sleep(0.3)
+    loop.stop()
+    assert loop.spin_s == pytest.approx(0.00005)
+    assert served, "the loop never served in 0.3 s"
 
 
 @pytest.mark.parametrize("busy", [False, True])

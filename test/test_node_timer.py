@@ -47,6 +47,7 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     ros.spin_for(0.5)
     assert c.commands == []  # no observation yet: nothing commanded
     stream(c, 2.0, 50.0)  # observations at 50 Hz, loop at 100 Hz: it steps every tick
+    stopped_ns, n_diag = time.time_ns(), len(c.diagnostics)
     n_cmd = len(c.commands)
     # generous bounds: the machine is shared (a starved node once made 94 in the 2 s of a CI
     # run); benchmarks measure the real rate, and stale_ticks below shows the timer ticking
@@ -67,7 +68,28 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert float(d["step_p50_us"]) > 0 and "jitter_p99_us" in d and "overruns" in d
     assert {"last_overrun", "overruns_late_wake", "overruns_long_tick"} <= set(d)
     assert d["kernels"] == "eager" and d["late_fuse"] == ""  # nothing compiled on the CPU
+
+    # /diagnostics said stale from the first status after the ticks began to hold (obs_timeout_s
+    # after the stream stopped), not only once no step had come for 2 s
+    def stale(d: dict) -> bool:
+        return d["_message"].startswith("stale: no fresh joint_states")
+
+    assert ros.spin_until(lambda: any(stale(d) for d in c.diagnostics[n_diag:]), 5.0)
+    first = next(d for d in c.diagnostics[n_diag:] if stale(d))
+    assert first["stale_stream"] == "joint_states", first
+    if first["_written_ns"]:
+        assert (first["_written_ns"] - stopped_ns) / 1e9 < 2.1, first
     assert resumed(c, held)  # fresh again: commands resume
+    # and the stale stream is no longer named once the node steps again
+    n, end, i = len(c.diagnostics), time.monotonic() + 5.0, 0
+    while time.monotonic() < end and not any(
+        d["_message"] == "stepping" for d in c.diagnostics[n:]
+    ):
+        c.publish(OBS[i % len(OBS)])
+        i += 1
+        ros.spin_for(0.02)
+    again = [d for d in c.diagnostics[n:] if d["_message"] == "stepping"]
+    assert again and again[0]["stale_stream"] == "", again[:1]
 
 
 def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
@@ -388,3 +410,16 @@ def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
     assert usage and 0 < int(usage.group(1)) <= took + 1000, d["last_overrun"]
     # the overruns that held a collector pass are counted apart (none or some, never more)
     assert 0 <= int(d["overruns_collector"]) <= int(d["overruns"]), d
+    # an operator sees the overload at once: a WARN that names it beside the rate asked for
+    # (it said OK "stepping"), a log line, and /diagnostics about once a second (an overloaded
+    # loop never had the slack it waited for: they came every 3 s)
+    n = len(c.diagnostics)
+    stream(c, 4.5, 200.0)
+    over = [d for d in c.diagnostics[n:] if d["_message"].startswith("overrunning: ")]
+    assert len(over) >= 2, [d["_message"] for d in c.diagnostics[n:]]
+    assert over[-1]["_level"] == 1 and over[-1]["rate_hz_set"] == "1000.0", over[-1]
+    assert "of rate_hz 1000 ticks a second" in over[-1]["_message"], over[-1]
+    written = [d["_written_ns"] for d in c.diagnostics[n:] if d["_written_ns"]]
+    gaps = [(b - a) / 1e9 for a, b in zip(written, written[1:], strict=False)]
+    assert gaps and max(gaps) < 2.5, gaps
+    assert "overrunning: " in proc.log_tail(200)

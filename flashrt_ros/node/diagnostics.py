@@ -7,7 +7,9 @@ whenever that timer fired, also just before a control tick, which then waited fo
 1 Hz publishes came within 3 ms before an overrun. So while the timer loop runs, the control
 thread publishes them itself, right after a tick, when the next deadline is further away than
 the publish takes (the median cost of the last few, plus a margin); if no such slack comes for
-FORCE_S, it publishes anyway, so diagnostics never stop. In every other state (inactive,
+FORCE_S, it publishes anyway, so diagnostics never stop, and once the loop has skipped periods
+since the last publish it publishes at once (an overloaded loop has no slack to wait for, and
+its ticks are late anyway). In every other state (inactive,
 observation trigger, unconfigured) the executor's timer publishes them, as before.
 
 While the loop publishes, the executor's timer is cancelled: each wake-up of rclpy's executor
@@ -51,6 +53,10 @@ class Diagnostics:
         # preemption on a loaded machine does not keep the next ones from finding room
         self.costs = deque([0.0003], maxlen=5)
         self.cost = 0.0003
+        # the loop skipped periods since the last publish (set by the node): its ticks are
+        # late anyway, so the next publish waits for no slack (at FORCE_S /diagnostics would
+        # come every 3 s from a loop that never has room, just when it matters)
+        self.behind = False
         self._by_loop = False
         self._watch_stop: threading.Event | None = None  # the watchdog's, while by_loop
 
@@ -91,7 +97,7 @@ class Diagnostics:
 
     def publish(self) -> None:
         t0 = time.monotonic()
-        self.last = t0
+        self.last, self.behind = t0, False
         self.pub.publish(self.build())
         self.costs.append(time.monotonic() - t0)
         self.cost = sorted(self.costs)[len(self.costs) // 2]
@@ -108,8 +114,10 @@ class Diagnostics:
         since = now - self.last
         if since < self.EVERY_S:
             return
-        if since < self.FORCE_S and (
-            deadline - now < self.cost + self.MARGIN_S or self.lock.locked()
+        if (
+            since < self.FORCE_S
+            and not self.behind
+            and (deadline - now < self.cost + self.MARGIN_S or self.lock.locked())
         ):  # no room before the next tick, or a rollout step holds the lock: a later tick
             return
         try:

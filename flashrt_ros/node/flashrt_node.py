@@ -140,6 +140,9 @@ class FlashrtNode(LifecycleNode):
         self._refused_at = -1e9  # when a /diagnostics last saw that count grow
         self._refusal_logged_at = -1e9  # refused inputs are logged once per 2 s at most
         self._stale_at = float("-inf")  # when the last stale tick was
+        self._overruns_seen = 0  # overruns counted by the last /diagnostics
+        self._overrun_at = -1e9  # when a /diagnostics last saw that count grow
+        self._overload_logged_at = -1e9  # the loop's overload is logged once per 10 s at most
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
         self._frames = False
@@ -1027,6 +1030,7 @@ class FlashrtNode(LifecycleNode):
             self.stats.delayed_ticks += delayed
             if missed:
                 self.stats.overruns += missed
+                self.diagnostics.behind = True  # publish on time, slack or not (diagnostics.py)
                 if jitter > took and not inherited:
                     self.stats.overruns_late_wake += 1
                 else:
@@ -1122,7 +1126,19 @@ class FlashrtNode(LifecycleNode):
                 kv["kernels"] = self._kernels(eng)
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)
                 kv.update(self.flight.diagnostics(eng, live))
-        kv["stale_stream"] = self._stale_why
+        # timer mode: the latest tick held on stale inputs (no step since): stale now, not only
+        # once no step came for rate_hz's 2 s window
+        now = time.monotonic()
+        holding = self.cfg is not None and self.cfg.trigger == "timer"
+        holding = holding and self.active and self._stale_at > sn["last_step_at"]
+        quiet = rate == 0.0 or holding  # nothing steps now
+        kv["stale_stream"] = self._stale_why if quiet and sn["stale_ticks"] else ""
+        # the loop skipped periods within rate_hz's window: it cannot hold rate_hz
+        if sn["overruns"] != self._overruns_seen:
+            self._overruns_seen, self._overrun_at = sn["overruns"], now
+        overrunning = self.active and now - self._overrun_at < 2.0
+        if self.cfg is not None and self.cfg.trigger == "timer":
+            kv["rate_hz_set"] = f"{self.cfg.rate_hz:.1f}"
         unheard = self._unheard_publishers()
         kv["qos_mismatch"] = "; ".join(unheard)
         kv["services_thread"] = self.service_host.serving_thread
@@ -1143,8 +1159,8 @@ class FlashrtNode(LifecycleNode):
         # says why; a refused goal or image stops no step)
         js_refused = self._per_message and time.monotonic() - self._js_refused_at < 2.0
         waiting = ""
-        if self.active and rate == 0.0 and not js_refused:
-            waiting = self._waiting_for(time.monotonic())
+        if self.active and quiet and not js_refused:
+            waiting = self._waiting_for(now)
         if waiting:  # what holds now, over the last stale tick's stream
             kv["stale_stream"] = waiting.split(" (", 1)[0]
         if busy_s:
@@ -1174,7 +1190,7 @@ class FlashrtNode(LifecycleNode):
                 or (self._frames and time.monotonic() - self._stale_at < 2.0)
             )
             and sn["stale_ticks"]
-            and rate == 0.0
+            and quiet
         ):
             level = DiagnosticStatus.WARN
             message = f"stale: no fresh {self._stale_why or 'joint_states'}, holding"
@@ -1193,6 +1209,15 @@ class FlashrtNode(LifecycleNode):
         elif refused and rate == 0.0:  # inputs come, and are all refused: nothing steps
             level = DiagnosticStatus.WARN
             message = f"no step: {refused}"
+        elif overrunning:  # it steps, but not every period: the step or the machine is too slow
+            level = DiagnosticStatus.WARN
+            message = (
+                f"overrunning: {rate:.0f} of rate_hz {self.cfg.rate_hz:g} ticks a second, "
+                f"{sn['overruns']} periods skipped so far (last_overrun says why)"
+            )
+            if now - self._overload_logged_at >= 10.0:
+                self._overload_logged_at = now
+                self.control.fast_log.warning(f"{message}: {sn['last_overrun']}")
         elif poisoned:
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         elif unheard:

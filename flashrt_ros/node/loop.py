@@ -375,6 +375,10 @@ class TimerLoop:
         busy: bool = False,
     ):
         self.period = 1.0 / rate_hz
+        # the final spin: SPIN_S, but at most a quarter period, so that a short period (rate_hz
+        # above 1250) still leaves a wait in which requests are served: with a period of SPIN_S
+        # or less the spin was always due and the services never answered
+        self.spin_s = min(SPIN_S, self.period / 4)
         self.busy = busy
         self.lock = lock  # told each next deadline, so background work can stay clear of it
         self.tick = tick  # tick(deadline): the monotonic time this tick was due
@@ -428,7 +432,7 @@ class TimerLoop:
     def _wait(self, deadline: float, serve) -> bool:
         """Until the final spin before `deadline`, serving meanwhile when lent the services;
         True when stopped."""
-        spin_at = deadline - SPIN_S
+        spin_at = deadline - self.spin_s
 
         def due() -> bool:  # no request starts after the spin began: queued ones wait a tick
             return self._stop.is_set() or time.monotonic() >= spin_at
@@ -481,7 +485,7 @@ class TimerLoop:
             if lock is not None:
                 lock.schedule(deadline, self.period, tick_s)
             self.on_timing(jitter, missed, now - start, delayed)
-            if self.idle is not None and deadline - time.monotonic() > SPIN_S:
+            if self.idle is not None and deadline - time.monotonic() > self.spin_s:
                 try:
                     self.idle(deadline)
                 except Exception as e:

@@ -146,6 +146,7 @@ class LoopStats:
         return {
             **counts,
             "rate_hz": _rate(times, now, len(self.tick_times.buf)),
+            "last_step_at": float(times.max()) if len(times) else float("-inf"),
             "step_p50_us": step50,
             "step_p99_us": step99,
             "jitter_p99_us": percentiles(rings["jitter_us"], (99,))[0],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_failed_persist_changes_nothing(tmp_path):
     eng.checkpoint(name="a")
     eng.checkpoint(name="b")  # the pool is full: a new capsule would evict "a"
     before = eng.capsules()
-    d.rmdir()
+    shutil.rmtree(d)  # the folder goes (it holds the ids' reserve, id_reserve.py)
     with pytest.raises(ValueError, match="does not exist"):
         eng.checkpoint(name="x", persist=True)
     assert eng.capsules() == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import tracemalloc
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.id_reserve import FILE as IDS_FILE
 from flashrt_ros.capsules.names import check_capsule_name, check_session_name
 from flashrt_ros.errors import (
     BadName,
@@ -57,7 +59,8 @@ def good(tmp_path):
 
 
 def names_in(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir())
+    """The capsule files and others a test put there; not the ids' reserve (id_reserve.py)."""
+    return sorted(p.name for p in d.iterdir() if p.name != IDS_FILE)
 
 
 # -- 4: names and ids never collide ----------------------------------------------------------------
@@ -206,7 +209,7 @@ def test_7_a_failed_persist_does_not_consume_an_id(tmp_path):
     d = tmp_path / "caps"
     d.mkdir()
     eng = stepped(capsule_dir=d, capsule_slots=1)
-    d.rmdir()
+    shutil.rmtree(d)  # the folder goes (it holds the ids' reserve, id_reserve.py)
     with pytest.raises(BadRequest):
         eng.checkpoint(persist=True)
     d.mkdir()
@@ -216,6 +219,29 @@ def test_7_a_failed_persist_does_not_consume_an_id(tmp_path):
         eng.checkpoint(persist=True)
     eng.drop("c0001")
     assert eng.checkpoint(persist=True).id == "c0002"
+
+
+def test_7_ids_are_not_reissued_after_a_restart_on_the_same_folder(tmp_path):
+    """A planner keeps the ids it was given and may outlive the process: a new Engine on the
+    same capsule_dir (a restart, a kill -9 included) issues none of the last run's ids, also
+    of capsules that were never persisted, so a remembered id cannot restore another state.
+    A reserve that cannot be read is ignored: ids then start after the files."""
+    first = stepped(capsule_dir=tmp_path)
+    kept = [first.checkpoint(persist=True).id] + [first.checkpoint().id for _ in range(3)]
+    assert kept == ["c0001", "c0002", "c0003", "c0004"]
+    del first  # no clean shutdown: the reserve was written before the first id was issued
+    again = stepped(capsule_dir=tmp_path)
+    assert [c.id for c in again.capsules()] == ["c0001"]  # the persisted one is back
+    new = again.checkpoint().id
+    assert new not in kept and int(new[1:]) > 1000, new
+    with pytest.raises(ValueError, match="unknown capsule"):
+        again.restore("c0002")
+    (tmp_path / IDS_FILE).write_text("garbage")
+    assert stepped(capsule_dir=tmp_path).checkpoint().id == "c0002"  # after the files only
+    # many ids: the reserve grows block by block, so a restart stays clear of all of them
+    many = stepped(capsule_dir=tmp_path, capsule_slots=1)
+    last = [many.checkpoint().id for _ in range(1500)][-1]
+    assert int(stepped(capsule_dir=tmp_path).checkpoint().id[1:]) > int(last[1:])
 
 
 def test_7_drop_removes_a_renamed_file(tmp_path):

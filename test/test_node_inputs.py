@@ -78,6 +78,7 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
     )
     c = NodeClient.__new__(NodeClient)  # the subscriptions exist only once configured
     goal = [0.2] * 6
+    ids: list[str] = []  # the capsule id each round's engine gave
     for round_ in range(2):
         assert _transition(ros, proc, Transition.TRANSITION_CONFIGURE), round_
         if round_ == 0:
@@ -98,6 +99,14 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
         eng.set_goal(goal)
         got = _burst(c, OBS[:20])
         assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:20]])), round_
+        # capsule ids are never reissued by a new engine: a planner that kept round 0's id
+        # must not restore another capsule by it (each engine counted from c0001)
+        r = c.call("checkpoint")
+        assert r.success and r.capsule.id not in ids, (r.message, ids)
+        ids.append(r.capsule.id)
+        if round_:
+            r = c.call("restore", capsule=ids[0])
+            assert not r.success and "unknown capsule" in r.message, r.message
         assert _transition(ros, proc, Transition.TRANSITION_DEACTIVATE), round_
         c.publish(OBS[20])
         ros.spin_for(0.5)

@@ -54,6 +54,10 @@ class CapsulePool:
         self.caps: dict[str, Capsule] = {}
         self._clock = itertools.count(1)
         self._ids = itertools.count(1)
+        # ids below reserved_to are reserved on disk (the Engine's IdReserve, with capsule_dir);
+        # reserve(n) is called when the counter reaches it and returns the new limit
+        self.reserve: Callable[[int], int] | None = None
+        self.reserved_to = 0
         self.gpu_tier = "gpu" if self.device.type == "cuda" else "cpu"
         # capsules dropped by eviction, newest last, as `id ('name')` (for logs and replies)
         self.evicted: list[str] = []
@@ -321,5 +325,18 @@ class CapsulePool:
     def claim_id(self, cid: str) -> None:
         """Let new_id() continue after `cid` (an id given to put), so ids are never reissued."""
         if cid[:1] == "c" and cid[1:].isdigit():
-            n = next(self._ids)
-            self._ids = itertools.count(max(n, int(cid[1:]) + 1))
+            self.skip_ids_below(int(cid[1:]) + 1)
+
+    def next_number(self) -> int:
+        """The number the next fresh id starts from (c0007: 7)."""
+        n = next(self._ids)
+        self._ids = itertools.count(n)
+        return n
+
+    def skip_ids_below(self, n: int) -> None:
+        """Issue no id numbered below `n` from now on (a node's earlier engines issued them),
+        reserving more on disk when the counter reaches the reserved limit."""
+        n = max(self.next_number(), n)
+        self._ids = itertools.count(n)
+        if self.reserve is not None and n >= self.reserved_to:
+            self.reserved_to = self.reserve(n)

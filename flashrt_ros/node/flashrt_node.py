@@ -140,6 +140,7 @@ class FlashrtNode(LifecycleNode):
         self._refused_at = -1e9  # when a /diagnostics last saw that count grow
         self._refusal_logged_at = -1e9  # refused inputs are logged once per 2 s at most
         self._stale_at = float("-inf")  # when the last stale tick was
+        self._ids_from = 1  # capsule ids below this were issued by an earlier engine
         self._overruns_seen = 0  # overruns counted by the last /diagnostics
         self._overrun_at = -1e9  # when a /diagnostics last saw that count grow
         self._overload_logged_at = -1e9  # the loop's overload is logged once per 10 s at most
@@ -252,6 +253,8 @@ class FlashrtNode(LifecycleNode):
                     if (e := engine_encoding(enc)) is not None
                 },
             )
+            # a planner may still hold the ids of this node's earlier engines: none is reissued
+            engine.pool.skip_ids_below(self._ids_from)
         except (ValueError, RuntimeError, OSError) as e:
             self._unlock_capsule_dir()
             self.get_logger().error(f"configure failed: {e}")
@@ -643,6 +646,8 @@ class FlashrtNode(LifecycleNode):
             building = self._stop_fusing(FUSE_WAIT_S)
             if self._fuse_unlogged:
                 self._late_fuse_ended(self.engine)
+            if self.engine is not None:  # the next engine's ids start after this one's
+                self._ids_from = max(self._ids_from, self.engine.pool.next_number())
             self.engine = None
         if building:  # resetting dynamo under a compile in flight is not safe: leave it
             self.get_logger().warning(

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
+from flashrt_ros.capsules.id_reserve import BLOCK, IdReserve
 from flashrt_ros.capsules.names import check_session_name
 from flashrt_ros.capsules.pool import CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore
@@ -276,6 +277,12 @@ class Engine(CapsuleVerbs, FlightVerbs):
         t, t0 = time.perf_counter(), t
         self.build_s["checksum_kernel"] = t - t0
         self.store.reload(self.load_capsule, room=self.pool.free_slots)
+        if self.store.folder is not None:  # ids unique across restarts (id_reserve.py)
+            ids = IdReserve(self.store.folder)
+            first = ids.start(self.pool.next_number())
+            if ids.ok:
+                self.pool.reserve, self.pool.reserved_to = ids.extend, first + BLOCK
+            self.pool.skip_ids_below(first)
         self.build_s["reload"] = time.perf_counter() - t
         if late:
             self._late = LateFuse(

@@ -116,6 +116,41 @@ def test_5_refused_persist_of_an_evicted_name_keeps_its_file(tmp_path):
     assert (tmp_path / "foo.fcap").read_bytes() == kept
 
 
+def test_5_an_evicted_persisted_capsule_is_dropped_by_its_name_file_and_all(tmp_path):
+    """A persisted capsule evicted from the pool keeps its file; drop by its name removes that
+    file (it was "unknown", so its name stayed taken and files piled up in capsule_dir), and
+    the name is free for a new persist. Drop never removes the file of a live capsule, a file
+    of another policy, or anything but a capsule file named by a capsule name."""
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=2)
+    foo = eng.checkpoint(name="foo", persist=True)
+    eng.checkpoint(name="a", pin=True)
+    eng.checkpoint(name="b", pin=True)  # evicts foo from the pool; its file stays
+    assert "foo" not in [c.name for c in eng.capsules()]
+    before = eng.capsules()
+    gone = eng.drop("foo")
+    assert (gone.id, gone.name, gone.tier, gone.checksum) == (foo.id, "foo", "disk", foo.checksum)
+    assert names_in(tmp_path) == [] and eng.capsules() == before
+    with pytest.raises(ValueError, match="unknown capsule"):
+        eng.drop("foo")  # once only
+    eng.drop("b")
+    assert eng.checkpoint(name="foo", persist=True).name == "foo"  # the name is free again
+    # the file a live capsule was loaded from (renamed on disk) is that capsule's to drop
+    os.rename(tmp_path / "foo.fcap", tmp_path / "renamed.fcap")
+    again = make_engine(capsule_dir=tmp_path)
+    with pytest.raises(ValueError, match="is the file of capsule .*'foo'"):
+        again.drop("renamed")
+    assert names_in(tmp_path) == ["renamed.fcap"]
+    # another policy's file is refused and left in place; a path is never a reference
+    other = make_engine(capsule_dir=tmp_path / "other", policy="builtin:act")
+    other.checkpoint(name="theirs", persist=True)
+    os.rename(tmp_path / "other" / "theirs.fcap", tmp_path / "theirs.fcap")
+    with pytest.raises(ValueError):
+        again.drop("theirs")
+    with pytest.raises(ValueError):
+        again.drop("../renamed")
+    assert names_in(tmp_path) == ["other", "renamed.fcap", "theirs.fcap"]
+
+
 def test_5_full_pool_refuses_persist_before_writing(tmp_path):
     eng = stepped(capsule_dir=tmp_path, capsule_slots=1)
     eng.checkpoint(name="a", pin=True)

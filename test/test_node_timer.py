@@ -423,3 +423,11 @@ def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
     gaps = [(b - a) / 1e9 for a, b in zip(written, written[1:], strict=False)]
     assert gaps and max(gaps) < 2.5, gaps
     assert "overrunning: " in proc.log_tail(200)
+    # a committed rollout finds no room between such ticks: after 10 s it fails, and says how
+    # many of its steps the session kept (it said only "no room", though some may have run)
+    cp = c.call("checkpoint")
+    assert cp.success and c.call("branch", capsule=cp.capsule.id, session="w1").success
+    r = c.call("rollout", session="w1", commit=True, n_steps=50, observations=OBS[:50].ravel())
+    assert not r.success and "no room for a" in r.message, r.message
+    kept = r"stopped after (\d+) of 50 steps; 'w1' holds the state after \1 of"
+    assert re.search(kept, r.message), r.message

@@ -258,6 +258,16 @@ class CapsuleStore:
             )
         del self._files[info.id]
 
+    def owner(self, path: Path) -> str | None:
+        """The id of the capsule whose file `path` is (persisted or loaded from it), if any."""
+        return next((c for c, o in self._files.items() if _same(o.path, path)), None)
+
+    def forget(self, stem: str) -> None:
+        """The file `<stem>.fcap` was removed (a drop by its name): its id and name are free."""
+        self._listed.discard(stem)
+        for cid in [c for c, o in self._files.items() if o.path.name == f"{stem}{diskfmt.SUFFIX}"]:
+            del self._files[cid]
+
     def repin(self, info: CapsuleInfo) -> None:
         """Rewrite the pin in the file of a persisted capsule (atomic replace of our own file,
         the payload read back and checked first); nothing to do for other capsules."""

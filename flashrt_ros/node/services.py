@@ -500,9 +500,10 @@ class CapsuleServices:
                     try:
                         held.enter_context(ctl.lock.background(cost, give_up_s=give_up))
                         break
-                    except CapacityError:
-                        if end is None or give_up >= 10.0:
-                            raise  # no room for 10 s: not the deadline's doing
+                    except CapacityError as e:
+                        if end is None or give_up >= 10.0:  # no room for 10 s: not the deadline's
+                            why = f"{e}; stopped after {i} of {n} steps{kept(i)}"
+                            raise CapacityError(why) from None
                 self._same_engine(eng)
                 if target == ctl.live:
                     raise BadRequest(f"{target!r} was made live during the rollout; stopped")

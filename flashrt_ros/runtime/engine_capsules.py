@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from flashrt_ros.capsules.names import CAPSULE_NAME, check_capsule_name, is_issu
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore, check_path
 from flashrt_ros.cuda.copy import copy_bytes
-from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule
+from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, UnknownReference
 from flashrt_ros.runtime.args import bool_arg, ref_arg
 from flashrt_ros.runtime.inputs import numeric
 from flashrt_ros.runtime.probe import CheckpointProbe
@@ -302,7 +303,7 @@ class CapsuleVerbs:
         return (
             f"; capsule_dir holds {path.name}, a persisted capsule not in the pool (evicted, or "
             "not loaded at start): Engine.load_capsule brings it back, as does the node's next "
-            "start when the pool has room"
+            "start when the pool has room; drop removes it"
         )
 
     def capsule(self, ref: str) -> CapsuleInfo:
@@ -310,10 +311,59 @@ class CapsuleVerbs:
 
     def drop(self, capsule: str) -> CapsuleInfo:
         """Drop a capsule; a persisted one loses its file in capsule_dir too (first, so a
-        failing unlink leaves everything in place)."""
-        cap = self.pool.get(capsule)
+        failing unlink leaves everything in place). A persisted capsule no longer in the pool
+        (evicted, or not loaded at start: its file stays) is dropped by its file's name: the
+        file goes, and its name is free again (tier "disk" in the reply)."""
+        try:
+            cap = self.pool.get(capsule)
+        except UnknownReference:
+            info = self._drop_file(capsule)
+            if info is None:
+                raise
+            return info
         self.store.remove(self.pool.info(cap))
         return self.pool.drop(cap.info.id)
+
+    def _drop_file(self, ref: str) -> CapsuleInfo | None:
+        """Remove `capsule_dir/<ref>.fcap`, a capsule file of this policy not in the pool; None
+        when there is no such file (the reference is unknown). Never a path out of the folder,
+        never through a symlink, never a file still being written or another policy's."""
+        folder = self.store.folder
+        if folder is None or not isinstance(ref, str) or not CAPSULE_NAME.fullmatch(ref):
+            return None
+        if ref in self._persisting or ref in self._persisting.values():
+            return None  # the unknown reference's hint says it is being written
+        path = folder / f"{ref}{diskfmt.SUFFIX}"
+        try:
+            if not stat.S_ISREG(path.lstat().st_mode):
+                return None
+        except OSError:
+            return None
+        owner = self.store.owner(path)
+        if owner is not None and owner in self.pool.caps:  # a live capsule loaded from it
+            live = self.pool.info(self.pool.caps[owner]).label()
+            raise BadRequest(f"{path.name} is the file of capsule {live}: drop that capsule")
+        header = diskfmt.read_capsule_header(path)  # CorruptCapsule: not a capsule file
+        self.store.check_header(path, header)  # another policy's: refused, left in place
+        info = CapsuleInfo(
+            id=header["id"],
+            name=header["name"],
+            session=header["session"],
+            parent_id=header["parent_id"],
+            step=header["step"],
+            nbytes=self.state_nbytes,
+            tier="disk",
+            checksum=header["checksum"],
+            pinned=header["pinned"],
+            stamp=header["stamp"],
+        )
+        try:
+            path.unlink()
+        except OSError as e:
+            raise BadRequest(f"cannot remove {path}: {e.strerror}") from None
+        self.store.forget(ref)
+        log.info("dropped capsule file %s (%s, not in the pool)", path, info.label())
+        return info
 
     def pin(self, capsule: str, pinned: bool = True) -> CapsuleInfo:
         """Pin or unpin; a persisted capsule's file gets the new pin too (atomic rewrite), so

@@ -46,7 +46,11 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     ros.node.create_subscription(JointTrajectory, proc.topic("joint_trajectory"), trajs.append, 10)
     ros.spin_for(0.5)
     assert c.commands == []  # no observation yet: nothing commanded
+    n_diag = len(c.diagnostics)
     stream(c, 2.0, 50.0)  # observations at 50 Hz, loop at 100 Hz: it steps every tick
+    # /diagnostics shows the input's own rate beside the loop's (ticks step on repeats)
+    hz = [float(d["joint_states_hz"]) for d in c.diagnostics[n_diag:]]
+    assert any(15.0 < h <= 60.0 for h in hz), hz
     stopped_ns, n_diag = time.time_ns(), len(c.diagnostics)
     n_cmd = len(c.commands)
     # generous bounds: the machine is shared (a starved node once made 94 in the 2 s of a CI

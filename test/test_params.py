@@ -457,6 +457,10 @@ def test_live_parameter_set_is_checked_and_applied(live):
     # rclpy's own parameters stay settable, and setting one leaves the node up
     assert _set(ros, proc, use_sim_time=False) == [(True, "")]
     assert roll(1).success
+    # each change at runtime leaves a line in the log, accepted or refused, with the old value
+    log = proc.log_path.read_text(errors="replace")
+    assert "parameters set: max_rollout_steps=3 (was 10000)" in log, log[-3000:]
+    assert "parameter set refused (publish_offset_s=0.05 (was 0.0)): " in log, log[-3000:]
 
 
 def test_unknown_parameter_is_reported(live):

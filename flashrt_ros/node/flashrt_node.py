@@ -185,8 +185,17 @@ class FlashrtNode(LifecycleNode):
         if unknown:
             declared = sorted(self.get_parameters_by_prefix(""))
             reason = params.NODE_PARAMS.unknown_set(unknown, declared)
+            self.get_logger().warning(f"parameter set refused: {reason}")
             return SetParametersResult(successful=False, reason=reason)
-        return super().set_parameters_atomically(parameter_list)
+        was = {p.name: self.get_parameter(p.name).value for p in parameter_list}
+        result = super().set_parameters_atomically(parameter_list)
+        # an operator's change at runtime leaves a line in the log, accepted or not
+        said = ", ".join(f"{p.name}={p.value!r} (was {was[p.name]!r})" for p in parameter_list)
+        if result.successful:
+            self.get_logger().info(f"parameters set: {said}")
+        else:
+            self.get_logger().warning(f"parameter set refused ({said}): {result.reason}")
+        return result
 
     @property
     def engine(self) -> Engine | None:
@@ -693,10 +702,14 @@ class FlashrtNode(LifecycleNode):
             self._js_at = received = time.monotonic() - age
             if self.active:  # its age checked too: after a stall, a backlog is not stepped on
                 self._step(obs, received)
+            with self.stats.lock:  # the input's rate (joint_states_hz), after the step
+                self.stats.js_times.add(received)
             return
         with self._obs_lock:
             self._latest_obs, self._latest_t = obs, time.monotonic() - age
             self._js_taken += 1
+        with self.stats.lock:
+            self.stats.js_times.add(self._latest_t)
 
     def _reset_due(self) -> None:
         """Frame steps: only the messages from now on make the next step."""
@@ -1074,6 +1087,8 @@ class FlashrtNode(LifecycleNode):
         kv = {
             "state": self._state_name(),
             "rate_hz": f"{rate:.1f}",
+            # valid joint_states a second: below rate_hz, timer ticks step on repeats
+            "joint_states_hz": f"{sn['joint_states_hz']:.1f}",
             "steps": str(sn["steps"]),
             "step_p50_us": f"{sn['step_p50_us']:.1f}",
             "step_p99_us": f"{sn['step_p99_us']:.1f}",

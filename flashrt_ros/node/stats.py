@@ -76,6 +76,7 @@ class LoopStats:
         self.last_fault = ""
         self.faults_reported = 0  # faults already shown by a /diagnostics message
         self.tick_times = Ring(8192)  # monotonic times of recent steps
+        self.js_times = Ring(8192)  # monotonic times of recent valid joint_states
         self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
         self.lock_wait_us = Ring(512)  # of that, waiting for the engine lock
         # from the middleware's reception of a request to its take (host.py): the time it
@@ -117,6 +118,7 @@ class LoopStats:
                 )
             }
             times = self.tick_times.values().copy()
+            js_times = self.js_times.values().copy()
             by = {k: r.values().copy() for k, r in self.service_by.items()}
             counts = {
                 k: getattr(self, k)
@@ -147,6 +149,7 @@ class LoopStats:
             **counts,
             "rate_hz": _rate(times, now, len(self.tick_times.buf)),
             "last_step_at": float(times.max()) if len(times) else float("-inf"),
+            "joint_states_hz": _rate(js_times, now, len(self.js_times.buf)),
             "step_p50_us": step50,
             "step_p99_us": step99,
             "jitter_p99_us": percentiles(rings["jitter_us"], (99,))[0],

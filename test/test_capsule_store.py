@@ -273,6 +273,12 @@ def test_7_ids_are_not_reissued_after_a_restart_on_the_same_folder(tmp_path):
         again.restore("c0002")
     (tmp_path / IDS_FILE).write_text("garbage")
     assert stepped(capsule_dir=tmp_path).checkpoint().id == "c0002"  # after the files only
+    # a file loaded later whose header id this engine issued and dropped gets a fresh id
+    eng = stepped(capsule_dir=tmp_path / "solo")
+    first = eng.checkpoint()
+    saved = eng.save_capsule(first.id, tmp_path / "copy.fcap")
+    eng.drop(first.id)
+    assert eng.load_capsule(saved).id != first.id
     # many ids: the reserve grows block by block, so a restart stays clear of all of them
     many = stepped(capsule_dir=tmp_path, capsule_slots=1)
     last = [many.checkpoint().id for _ in range(1500)][-1]

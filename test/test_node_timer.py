@@ -86,13 +86,15 @@ def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     assert resumed(c, held)  # fresh again: commands resume
     # and the stale stream is no longer named once the node steps again
     n, end, i = len(c.diagnostics), time.monotonic() + 5.0, 0
-    while time.monotonic() < end and not any(
-        d["_message"] == "stepping" for d in c.diagnostics[n:]
-    ):
+
+    def steps(d: dict) -> bool:  # stepping (a loaded machine may overrun meanwhile)
+        return d["_message"] == "stepping" or d["_message"].startswith("overrunning")
+
+    while time.monotonic() < end and not any(steps(d) for d in c.diagnostics[n:]):
         c.publish(OBS[i % len(OBS)])
         i += 1
         ros.spin_for(0.02)
-    again = [d for d in c.diagnostics[n:] if d["_message"] == "stepping"]
+    again = [d for d in c.diagnostics[n:] if steps(d)]
     assert again and again[0]["stale_stream"] == "", again[:1]
 
 

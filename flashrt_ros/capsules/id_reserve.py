@@ -29,6 +29,10 @@ class IdReserve:
         self.path = Path(folder) / FILE
         self.ok = True  # False once a write failed: ids are then unique within the run only
 
+    def read(self) -> int:
+        """The first id number no earlier run reserved (1 without a reserve)."""
+        return self._read()
+
     def start(self, at_least: int) -> int:
         """The first id number of this run: after every block an earlier run reserved, and at
         least `at_least` (the ids of the files just reloaded). Reserves BLOCK from it."""
@@ -37,8 +41,9 @@ class IdReserve:
         return first
 
     def extend(self, n: int) -> int:
-        """The counter reached `n`: reserve up to n + BLOCK; returns that limit."""
-        self._write(n + BLOCK)
+        """The counter reached `n`: reserve up to n + BLOCK; returns that limit. Never lowers
+        what the file holds (another engine of the Python API may share the folder)."""
+        self._write(max(n + BLOCK, self._read()))
         return n + BLOCK
 
     def _read(self) -> int:
@@ -49,7 +54,7 @@ class IdReserve:
         except OSError as e:
             log.warning("capsule id reserve %s unreadable (%s): ignored", self.path, e)
             return 1
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             log.warning("capsule id reserve %s holds %r, not a number: ignored", self.path, text)
             return 1
         return int(text)

@@ -114,10 +114,9 @@ class Diagnostics:
         since = now - self.last
         if since < self.EVERY_S:
             return
-        if (
-            since < self.FORCE_S
-            and not self.behind
-            and (deadline - now < self.cost + self.MARGIN_S or self.lock.locked())
+        no_room = not self.behind and deadline - now < self.cost + self.MARGIN_S
+        if since < self.FORCE_S and (
+            no_room or self.lock.locked()
         ):  # no room before the next tick, or a rollout step holds the lock: a later tick
             return
         try:

@@ -142,7 +142,8 @@ class FlashrtNode(LifecycleNode):
         self._stale_at = float("-inf")  # when the last stale tick was
         self._ids_from = 1  # capsule ids below this were issued by an earlier engine
         self._overruns_seen = 0  # overruns counted by the last /diagnostics
-        self._overrun_at = -1e9  # when a /diagnostics last saw that count grow
+        self._overrun_at = -1e9  # when a /diagnostics last saw that count grow much
+        self._overruns_checked = time.monotonic()  # when the last /diagnostics looked
         self._overload_logged_at = -1e9  # the loop's overload is logged once per 10 s at most
         # observation trigger with step_on other than [joint_states] ("frame steps"): a step once
         # every step_on input has a new valid message; the inputs' counts at the last step
@@ -1154,8 +1155,12 @@ class FlashrtNode(LifecycleNode):
         quiet = rate == 0.0 or holding  # nothing steps now
         kv["stale_stream"] = self._stale_why if quiet and sn["stale_ticks"] else ""
         # the loop skipped periods within rate_hz's window: it cannot hold rate_hz
-        if sn["overruns"] != self._overruns_seen:
-            self._overruns_seen, self._overrun_at = sn["overruns"], now
+        # (more than a stray one: at least 2, and 1 % of the periods since the last status)
+        skipped, self._overruns_seen = sn["overruns"] - self._overruns_seen, sn["overruns"]
+        periods = (now - self._overruns_checked) * (self.cfg.rate_hz if self.cfg else 0.0)
+        self._overruns_checked = now
+        if skipped >= max(2, 0.01 * periods):
+            self._overrun_at = now
         overrunning = self.active and now - self._overrun_at < 2.0
         if self.cfg is not None and self.cfg.trigger == "timer":
             kv["rate_hz_set"] = f"{self.cfg.rate_hz:.1f}"

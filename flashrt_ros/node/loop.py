@@ -375,9 +375,9 @@ class TimerLoop:
         busy: bool = False,
     ):
         self.period = 1.0 / rate_hz
-        # the final spin: SPIN_S, but at most a quarter period, so that a short period (rate_hz
-        # above 1250) still leaves a wait in which requests are served: with a period of SPIN_S
-        # or less the spin was always due and the services never answered
+        # the final spin while serving: SPIN_S, but at most a quarter period, so that a short
+        # period (rate_hz above 1250) still leaves a wait in which requests are served: with a
+        # period of SPIN_S or less the spin was always due and the services never answered
         self.spin_s = min(SPIN_S, self.period / 4)
         self.busy = busy
         self.lock = lock  # told each next deadline, so background work can stay clear of it
@@ -432,7 +432,9 @@ class TimerLoop:
     def _wait(self, deadline: float, serve) -> bool:
         """Until the final spin before `deadline`, serving meanwhile when lent the services;
         True when stopped."""
-        spin_at = deadline - self.spin_s
+        # a quarter period when serving (room for requests at short periods); a sleep keeps
+        # the whole SPIN_S, since a wake-up can come that late
+        spin_at = deadline - (self.spin_s if serve is not None else SPIN_S)
 
         def due() -> bool:  # no request starts after the spin began: queued ones wait a tick
             return self._stop.is_set() or time.monotonic() >= spin_at

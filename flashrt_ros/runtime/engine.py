@@ -276,9 +276,15 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self._probe_of(main)
         t, t0 = time.perf_counter(), t
         self.build_s["checksum_kernel"] = t - t0
-        self.store.reload(self.load_capsule, room=self.pool.free_slots)
-        if self.store.folder is not None:  # ids unique across restarts (id_reserve.py)
-            ids = IdReserve(self.store.folder)
+        ids = IdReserve(self.store.folder) if self.store.folder is not None else None
+        if ids is not None:  # ids unique across restarts (id_reserve.py): fresh ids given to
+            self.pool.skip_ids_below(ids.read())  # reloaded files come after the reserve too
+        self._reloading = True  # reloaded files keep their own ids (_file_id)
+        try:
+            self.store.reload(self.load_capsule, room=self.pool.free_slots)
+        finally:
+            self._reloading = False
+        if ids is not None:
             first = ids.start(self.pool.next_number())
             if ids.ok:
                 self.pool.reserve, self.pool.reserved_to = ids.extend, first + BLOCK

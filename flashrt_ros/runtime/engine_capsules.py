@@ -418,9 +418,11 @@ class CapsuleVerbs:
     def _file_id(self, cid: object, path: Path) -> str:
         """The id a loaded file keeps: its own when it is one we could have issued, no live
         capsule has it and no other file of capsule_dir is named for it (drop would remove
-        that file); else a fresh one."""
+        that file); else a fresh one. Outside the start's reload it must also be an id this
+        engine has not issued yet: one issued and dropped may still be in a planner's hands."""
         if is_issued_id(cid) and cid not in self.pool.caps and self.store.may_keep_id(cid, path):
-            return cid
+            if getattr(self, "_reloading", False) or int(cid[1:]) >= self.pool.next_number():
+                return cid
         return self._fresh_id()
 
     def load_capsule(self, path: str | Path, name: str | None = None) -> CapsuleInfo:

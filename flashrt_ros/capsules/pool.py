@@ -53,7 +53,7 @@ class CapsulePool:
         self.free_host = list(range(host_slots))[::-1]
         self.caps: dict[str, Capsule] = {}
         self._clock = itertools.count(1)
-        self._ids = itertools.count(1)
+        self._next_id = 1  # the number the next fresh id starts from (c0007: 7)
         # ids below reserved_to are reserved on disk (the Engine's IdReserve, with capsule_dir);
         # reserve(n) is called when the counter reaches it and returns the new limit
         self.reserve: Callable[[int], int] | None = None
@@ -314,8 +314,7 @@ class CapsulePool:
     def peek_id(self, skip: Callable[[str], bool] = lambda cid: False) -> str:
         """The next fresh id (not live, `skip(id)` false) without using it up, so a refused
         persist consumes none; put(cid=...) then claim_id(cid) take it."""
-        n = next(self._ids)
-        self._ids = itertools.count(n)
+        n = self._next_id
         while True:
             cid = f"c{n:04d}"
             if cid not in self.caps and not skip(cid):
@@ -329,14 +328,11 @@ class CapsulePool:
 
     def next_number(self) -> int:
         """The number the next fresh id starts from (c0007: 7)."""
-        n = next(self._ids)
-        self._ids = itertools.count(n)
-        return n
+        return self._next_id
 
     def skip_ids_below(self, n: int) -> None:
         """Issue no id numbered below `n` from now on (a node's earlier engines issued them),
         reserving more on disk when the counter reaches the reserved limit."""
-        n = max(self.next_number(), n)
-        self._ids = itertools.count(n)
+        n = self._next_id = max(self._next_id, n)
         if self.reserve is not None and n >= self.reserved_to:
             self.reserved_to = self.reserve(n)

@@ -421,7 +421,7 @@ class CapsuleVerbs:
         that file); else a fresh one. Outside the start's reload it must also be an id this
         engine has not issued yet: one issued and dropped may still be in a planner's hands."""
         if is_issued_id(cid) and cid not in self.pool.caps and self.store.may_keep_id(cid, path):
-            if getattr(self, "_reloading", False) or int(cid[1:]) >= self.pool.next_number():
+            if self._reloading or int(cid[1:]) >= self.pool.next_number():
                 return cid
         return self._fresh_id()
 

@@ -161,6 +161,7 @@ class FlashrtNode(LifecycleNode):
         self._fuse_unlogged = False  # late fusing's end is not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
+        self._stopped_active = False  # a signal stopped the node while active (hold_for_exit)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
@@ -518,7 +519,7 @@ class FlashrtNode(LifecycleNode):
         self._hold()  # after any output in flight (_out_lock), while the publishers still work
         self._inputs.set_busy(False)  # inactive: it sleeps until a message or request comes
         self._stop_loop()
-        self.flight.on_deactivate()
+        self.flight.on_stop("deactivate")
         self.get_logger().info("inactive: no more commands, the robot holds")
         return super().on_deactivate(state)
 
@@ -531,7 +532,7 @@ class FlashrtNode(LifecycleNode):
     @_says_why
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         self.control.finalized = True  # no transition leaves finalized: requests say so
-        self._wind_down()
+        self._wind_down(dump=self.active)
         self.get_logger().info(
             "finalized (lifecycle shutdown): no more commands, the robot holds; restart the "
             "process to serve again"
@@ -549,12 +550,15 @@ class FlashrtNode(LifecycleNode):
         self._wind_down()
         return TransitionCallbackReturn.SUCCESS
 
-    def _wind_down(self) -> None:
+    def _wind_down(self, dump: bool = False) -> None:
         """Stop commanding (the robot holds; the publishers still publish, after any output in
-        flight), stop the loop, release the engine and the capsule_dir lock."""
+        flight), stop the loop, dump the flight recorder (`dump`: a shutdown from active, as a
+        deactivate does), release the engine and the capsule_dir lock."""
         self.active = False
         self._hold()
         self._stop_loop()
+        if dump:
+            self.flight.on_stop("stop")
         self._release()
 
     def _stop_loop(self) -> None:
@@ -620,6 +624,8 @@ class FlashrtNode(LifecycleNode):
         self._close_inputs()
         if self._stop_fusing(EXIT_FUSE_WAIT_S):
             self.get_logger().warning("late_fuse: the build was still running at exit")
+        if self._stopped_active:  # a signal stopped it serving: the ring goes with the process
+            self.flight.on_stop("stop")  # written before exit (FlightServices.close, atexit)
 
     def _stop_fusing(self, timeout: float) -> bool:
         """Cancel a late-fusing build and wait up to `timeout` for it; True if it still runs."""
@@ -649,7 +655,6 @@ class FlashrtNode(LifecycleNode):
             if p is not None:
                 self.destroy_lifecycle_publisher(p)
         self._pub_cmd = self._pub_traj = None
-        self.flight.settle()  # an automatic dump asked for takes its copy before the engine goes
         with self.engine_lock:
             fused = self.engine is not None and self.engine.fuse
             # a build compiles with the old policy: stop it, wait for it
@@ -670,7 +675,12 @@ class FlashrtNode(LifecycleNode):
         gc.collect()  # old engine and compiled code included, before the cache is emptied
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self._unlock_capsule_dir()  # after the flight dumps' writes (settle) and the engine
+        if not self.flight.flush():
+            self.get_logger().warning(
+                "flight recorder: a dump was still being written 30 s into the cleanup; "
+                "capsule_dir's lock goes now"
+            )
+        self._unlock_capsule_dir()  # after the flight dumps' writes and the engine
 
     # -- inputs ------------------------------------------------------------------------------------
     def _refuse(self, why: str, stepping: bool = False) -> None:
@@ -752,7 +762,6 @@ class FlashrtNode(LifecycleNode):
                 return
             try:
                 self.engine.set_goal(msg.data, session=self.live)
-                self.flight.on_goal(self.engine, self.live)
                 change = self._goal_echo.changed()
             except ValueError as e:  # the engine's reasons already name the goal
                 self._refuse(str(e) if str(e).startswith("goal") else f"goal: {e}")
@@ -1004,6 +1013,7 @@ class FlashrtNode(LifecycleNode):
             self.active = False
             self._hold()
         if was:
+            self._stopped_active = True  # stop_threads() dumps the flight recorder
             self.get_logger().info("stopping (signal): no more commands, the robot holds")
 
     def _hold_when_stopped(self) -> float | None:
@@ -1199,6 +1209,7 @@ class FlashrtNode(LifecycleNode):
             message = (
                 f"session {live!r} is poisoned ({poisoned[live]}): nothing is published; "
                 "recover with ~/reset_session, ~/restore or ~/branch"
+                + (" or ~/rewind" if self.cfg.flight_ticks else "")
             )
             self.control.fast_log.error(message)
         elif new_faults:

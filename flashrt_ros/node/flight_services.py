@@ -8,15 +8,15 @@ joint_states header stamp; its receive time when the header is zero). That stamp
 capsule of step t holds the state after the observation stamped `stamp` was consumed, so
 `flashrt-replay --from-capsule` continues with the bag's messages after that stamp.
 
-A dump asked for with ~/dump_flight copies the ring to host memory under the engine lock (the
-live session moves at every step, so the copy must be atomic), then its files are written on a
-thread of their own. A step error's automatic dump only records that it is wanted: the
-poisoned session does not step, so the flight thread takes the copy itself, one tick at a time
-under the engine lock, after checking that the session's line of steps has not moved meanwhile
-(else the dump is skipped, and the log says why). A deactivate's is copied at once, in the
-deactivate's own hold of the lock (the loop has stopped): a request right after it (a rewind
-or restore, to recover) cannot take it away. Neither the control loop nor the inputs' loop
-(joint_states in observation mode) waits for a copy of the whole ring or for the disk.
+A dump asked for with ~/dump_flight copies the ring to host memory on the flight thread, a
+batch of ticks per short hold of the engine lock sized to fit between two control ticks (the
+live session goes on stepping: a tick overwritten before its turn is left out, and named), then
+its files are written on a thread of their own. The automatic dumps (a step error, a
+deactivate) are copied at once, in the hold of the lock that saw the fault or the deactivate:
+the live session does not step then (poisoned, or the loop stopped), and a recovery request
+right after it (a reset, rewind or restore, within milliseconds) cannot take away what led
+there. Neither the control loop nor the inputs' loop (joint_states in observation mode) waits
+for the disk.
 
 A dump goes to a hidden folder that is renamed into place when complete,
 `capsule_dir/flight/<session>-<UTC time>[-<n>]/`, one `<session>-<step>.fcap` per tick; the final
@@ -59,7 +59,7 @@ from flashrt_ros.runtime.flight import nonfinite_regions, require_past
 from flashrt_ros.srv import DumpFlight, Rewind
 
 FLIGHT_DIR = "flight"  # subfolder of capsule_dir holding the dumps
-AUTO_REASONS = ("fault", "deactivate")
+AUTO_REASONS = ("fault", "deactivate", "stop")  # a stop: a shutdown or signal while active
 FILE_SLACK = 8 * 1024  # per file, besides the state: magic, JSON header, digest (estimate)
 BATCH_S = 0.002  # a ~/dump_flight copies about this long per hold of the engine lock
 COPY_BPS = 2e9  # device -> pageable host bytes/s assumed when asking the lock for one tick's copy
@@ -147,17 +147,12 @@ class Snapshot:
 
 @dataclass
 class Wanted:
-    """An automatic dump asked for where no copy may be taken (the control thread at a step
-    error): the flight thread takes it, if the session is still where it was. A deactivate's
-    is copied at once (on_deactivate), and only the writing goes on."""
+    """An automatic dump that passed its checks (FlightServices._wanted_dump): where and within
+    what bound its copy, taken at once, is written."""
 
-    engine: weakref.ref
-    sref: weakref.ref  # the Session object: a session dropped and made again is another one
     session: str
     reason: str
     wall: float  # time.time() when it was asked for: the folder's name
-    line: tuple  # FlightServices._line() then
-    goals: int  # goals applied to the session until then (FlightServices.on_goal)
     fit: int  # the newest ticks that fit in the disk bound
     budget: int  # flight_dump_max_mb in bytes
     capsule_dir: str
@@ -250,16 +245,12 @@ class FlightServices:
         self._pending_ns = 0  # stamp of the newest valid observation (see seen())
         self._engine = None
         self._rings: dict[str, StampRing] = {}
-        self._moves: dict[str, int] = {}  # per session: ticks and rewinds seen (see _line())
         self._last: dict[str, int] = {}  # per session: its step after the last tick or move
-        self._goals: dict[str, int] = {}  # per session: goals applied (see on_goal())
         self._last_auto: float | None = None
         self._warned_no_dir = False
         self.last_dump = ""
         self.dumps = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._wanted = 0  # automatic dumps whose copy is not taken yet (see settle())
-        self._taken = threading.Condition()
         self._writer = threading.Thread(
             target=self._work_forever, name="flashrt-flight", daemon=True
         )
@@ -294,12 +285,11 @@ class FlightServices:
         s = eng.session(session)
         ring.put(s.steps, s.parent_id, self._pending_ns)
         self._last[session] = s.steps
-        self._moves[session] = self._moves.get(session, 0) + 1
 
     def _follow(self, eng) -> None:
         """A new configure: the stamps, moves and steps seen of the old engine mean nothing."""
         if eng is not self._engine:
-            self._engine, self._rings, self._moves, self._last, self._goals = eng, {}, {}, {}, {}
+            self._engine, self._rings, self._last = eng, {}, {}
 
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a
@@ -318,41 +308,12 @@ class FlightServices:
         """A session was dropped (engine lock held): its stamps and counts go with it, so a
         node that branches into ever new session names keeps a bounded record."""
         if eng is self._engine:
-            for per_session in (self._rings, self._moves, self._last, self._goals):
+            for per_session in (self._rings, self._last):
                 per_session.pop(session, None)
-
-    def on_goal(self, eng, session: str) -> None:
-        """A goal was written into the session's arena (engine lock held): a commit-boundary
-        edit of its current state, which moves nothing the line check sees. An automatic dump
-        asked for before it leaves that state out (_take): it is no longer the one of the
-        fault."""
-        if eng.flight_ticks:
-            self._follow(eng)
-            self._goals[session] = self._goals.get(session, 0) + 1
 
     def _stamp(self, eng, s, step: int) -> int | None:
         ring = self._rings.get(s.name) if eng is self._engine else None
         return None if ring is None else ring.get(step, s.parent_id)
-
-    def _line(self, eng, session: str) -> tuple | None:
-        """Where the session's recorded steps stand (engine lock held): equal values mean the
-        ring holds the same states. A step moves `steps` and the node's tick count; a rewind the
-        held range and the node's rewind count; a restore, branch or reset the line (parent,
-        the held range's start) and clears a poison; a drop or a new configure the objects."""
-        try:
-            s = eng.session(session)
-        except Exception:  # noqa: BLE001 (dropped: there is nothing to dump)
-            return None
-        held = s.flight_steps()
-        return (
-            id(eng),
-            id(s),
-            s.parent_id,
-            held.start,
-            held.stop,
-            eng.poisoned(session),
-            self._moves.get(session, 0) if eng is self._engine else 0,
-        )
 
     # -- shared -----------------------------------------------------------------------------------
     def _engine_or_refuse(self):
@@ -375,56 +336,73 @@ class FlightServices:
 
     def _copy_asked(self, a: Asked) -> Snapshot:
         """The steps of a ~/dump_flight copied to host memory a few ticks at a time, each batch
-        under a short background hold of the engine lock, as the automatic dumps are: the whole
-        ring in one hold stopped the control loop (100 ticks of 2.1 MB: 144 ms without a
-        command on the 2-core CPU machine, review). The state the request found current was
-        copied in the request's own hold (`Asked.newest`). The session may step meanwhile, each
-        step overwriting its oldest slot: the oldest ticks go first, and every tick overwritten
-        before its turn is left out and named. A request that moved the session elsewhere
-        (restore, branch, reset, rewind) or dropped it, or a cleanup, ends the dump."""
+        under a short background hold of the engine lock, as much as fits between two control
+        ticks: the whole ring in one hold stopped the control loop (100 ticks of 2.1 MB: 144 ms
+        without a command on the 2-core CPU machine, review), and batches of a fixed 2 ms never
+        fitted between the ticks of a 500 Hz loop stepping for 1 ms, so no dump of a running
+        node ever succeeded (review). The state the request found current was copied in the
+        request's own hold (`Asked.newest`) and is always written. The session may step
+        meanwhile, each step overwriting its oldest slot: the oldest ticks go first, and every
+        tick overwritten before its turn is left out and named. A request that moved the
+        session elsewhere (restore, branch, reset, rewind) or dropped it, or a loop that left
+        no room for 10 s, ends the copy: what was copied is written, the rest named. A cleanup
+        ends the dump (nothing written: capsule_dir is no longer the node's)."""
         lock, eng = self.ctl.lock, a.engine()
         older = a.held[:-1]
         nbytes = eng.state_nbytes if eng is not None else 0
         states = torch.empty((len(a.held), nbytes), dtype=torch.uint8)  # off the lock
         states[-1].copy_(a.newest)
         cost = nbytes / COPY_BPS + 1e-4
-        batch = max(1, int(BATCH_S / cost))  # ticks per hold: ~BATCH_S of copying
         kept: list[int] = []
-        for lo in range(0, len(older), batch):
-            with lock.background(cost * min(batch, len(older) - lo)):
-                s = a.sref()
-                if eng is None or self.ctl.engine is not eng or s is None:
-                    raise BadRequest("the node was cleaned up while the dump was being copied")
-                try:
-                    same = eng.session(a.session) is s
-                except ValueError:
-                    same = False
-                if not same or s.generation != a.generation:
-                    raise BadRequest(
-                        f"session {a.session!r} was moved (restore, branch, reset, rewind) or "
-                        "dropped while its ring was being copied; nothing written: ask again"
-                    )
-                now = s.flight_steps()
-                for i in range(lo, min(lo + batch, len(older))):
-                    if older[i] in now:  # else overwritten by a step since the request
-                        states[i].copy_(s.flight_state(older[i]))
-                        kept.append(i)
+        lo, stop = 0, ""
+        while lo < len(older) and not stop:
+            # ticks per hold: ~BATCH_S of copying, or half the room between two ticks
+            batch = max(1, int(min(BATCH_S, lock.room_s() / 2) / cost))
+            hi = min(lo + batch, len(older))
+            try:
+                with lock.background(cost * (hi - lo), what="copy"):
+                    s = a.sref()
+                    if eng is None or self.ctl.engine is not eng:
+                        raise BadRequest("the node was cleaned up while the dump was being copied")
+                    try:
+                        same = s is not None and eng.session(a.session) is s
+                    except ValueError:
+                        same = False
+                    if not same or s.generation != a.generation:
+                        stop = (
+                            f"session {a.session!r} was moved (restore, branch, reset, rewind) "
+                            "or dropped while its ring was being copied"
+                        )
+                        break
+                    now = s.flight_steps()
+                    for i in range(lo, hi):
+                        if older[i] in now:  # else overwritten by a step since the request
+                            states[i].copy_(s.flight_state(older[i]))
+                            kept.append(i)
+            except CapacityError as e:
+                stop = str(e)
+                break
+            lo = hi
         copied = set(kept)
-        lost = [t for i, t in enumerate(older) if i not in copied]
+        lost = [t for i, t in enumerate(older[:lo]) if i not in copied]
+        rest = older[lo:]
+        why = []
+        if lost:
+            why.append(
+                f"{len(lost)} tick(s) overwritten by the running session before their copy "
+                f"(steps {spans(lost)})"
+            )
+        if rest:
+            why.append(f"{len(rest)} older tick(s) not copied (steps {spans(rest)}): {stop}")
         kept.append(len(a.held) - 1)
         return Snapshot(
             a.session,
             a.parent_id,
             [a.held[i] for i in kept],
             [a.stamps[i] for i in kept],
-            states[kept] if lost else states,
+            states[kept] if len(kept) < len(a.held) else states,
             eng.store,
-            left_out=(
-                f"{len(lost)} tick(s) overwritten by the running session before their copy "
-                f"(steps {spans(lost)})"
-                if lost
-                else ""
-            ),
+            left_out="; ".join(why),
         )
 
     @staticmethod
@@ -489,15 +467,16 @@ class FlightServices:
                 self._can_keep(eng, s, target)
             if target < cur:
                 eng.rewind(cur - target, session)
-                self._moves[session] = self._moves.get(session, 0) + 1
                 self.ctl.on_moved(eng, session)  # steps past the target will be ticked anew
             info = eng.checkpoint(session) if req.keep else None
             evicted = eng.last_evicted if req.keep else []
             step = eng.session_step(session)
         resp.success, resp.step = True, step
-        resp.message = f"{session!r} back from step {cur} to step {step}" + (
-            f"; kept as capsule {info.id}" if info is not None else ""
-        )
+        resp.message = (
+            f"{session!r} back from step {cur} to step {step}"
+            if step < cur
+            else f"{session!r} stays at step {cur}: it is the newest tick at or before the stamp"
+        ) + (f"; kept as capsule {info.id}" if info is not None else "")
         resp.message += evictions(evicted)
         if info is not None:
             resp.capsule = capsule_msg(info)
@@ -558,54 +537,54 @@ class FlightServices:
 
     # -- automatic dumps --------------------------------------------------------------------------
     def on_step_error(self, eng, session: str) -> None:
-        """A step of the live session failed (engine lock held, control thread): ask for a dump
-        of what led there. No copy, no allocation, no disk here: the poisoned session does not
-        step, so its ring waits for the flight thread unchanged. A step that faulted after
-        moving the session on consumed the pending observation: its stamp is kept like a
-        tick's. Whether it moved: its step count against where the last tick, or the last
-        request that moved it, left it (a session not seen yet started from step 0)."""
+        """A step of the live session failed (engine lock held, control thread): dump what led
+        there. The copy is taken here: the poisoned session does not step, so the control thread
+        has nothing else to do, and a recovery request (a reset or rewind, as the README
+        advises) may come within milliseconds and move the ring (review: one 14-200 ms after
+        the fault lost the dump, and used up flight_dump_interval_s, so the next fault's was
+        skipped too). A step that faulted after moving the session on consumed the pending
+        observation: its stamp is kept like a tick's. Whether it moved: its step count against
+        where the last tick, or the last request that moved it, left it (a session not seen
+        yet started from step 0)."""
         known = self._last if eng is self._engine else {}
         if eng.flight_ticks and eng.session(session).steps != known.get(session, 0):
             self.tick(eng, session)
-        self._want(eng, session, "fault")
+        self._dump_now(eng, session, "fault")
 
-    def on_deactivate(self) -> None:
-        """The loop has stopped: dump the live session's ring. Its copy is taken here, in this
-        one hold of the engine lock (nothing steps now, so only requests wait for it): a
-        rewind or restore right after the deactivate, the natural recovery, found the flight
-        thread's copy not taken yet and the dump was skipped (review). The files are written
-        on the write thread."""
+    def on_stop(self, reason: str = "deactivate") -> None:
+        """The loop has stopped (a deactivate; a lifecycle shutdown or a signal while active,
+        `reason` "stop": the ring lives on the device and goes with the process): dump the live
+        session's ring, copied in this one hold of the engine lock (nothing steps now, so only
+        requests wait for it), as a fault's is."""
         with self.ctl.lock:
             eng = self.ctl.engine
-            before = self._last_auto
-            want = None if eng is None else self._wanted_dump(eng, self.ctl.live, "deactivate")
-            if want is None:
-                return
-            try:
-                s = eng.session(want.session)
-                held = list(s.flight_steps())[-want.fit :]
-                stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
-                states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
-                for i, t in enumerate(held):
-                    states[i].copy_(s.flight_state(t))
-                snap = Snapshot(want.session, s.parent_id, held, stamps, states, eng.store)
-            except Exception as e:  # noqa: BLE001 - a failed dump never fails the deactivate
-                self._last_auto = before  # nor uses up flight_dump_interval_s
-                self.ctl.fast_log.warning(
-                    f"flight recorder: deactivate dump of {want.session!r} skipped: "
-                    f"{type(e).__name__}: {e}"
-                )
-                return
-        self._write_auto(want, snap)
+            if eng is not None:
+                self._dump_now(eng, self.ctl.live, reason)
 
-    def _want(self, eng, session: str, reason: str) -> None:
-        """Queue an automatic dump (engine lock held): checks and bookkeeping only."""
+    def _dump_now(self, eng, session: str, reason: str) -> None:
+        """Copy the session's newest ticks that fit in the disk bound to host memory now (engine
+        lock held) and queue their files. A copy that fails (a device error, say) is logged and
+        skipped, and does not use up flight_dump_interval_s: it never fails the caller."""
+        before = self._last_auto
         want = self._wanted_dump(eng, session, reason)
         if want is None:
             return
-        with self._taken:
-            self._wanted += 1
-        self._jobs.put(want)
+        try:
+            s = eng.session(session)
+            held = list(s.flight_steps())[-want.fit :]
+            stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
+            states = torch.empty((len(held), eng.state_nbytes), dtype=torch.uint8)
+            for i, t in enumerate(held):
+                states[i].copy_(s.flight_state(t))
+            snap = Snapshot(session, s.parent_id, held, stamps, states, eng.store)
+        except Exception as e:  # noqa: BLE001 - a failed dump never fails a step or deactivate
+            self._last_auto = before
+            self.ctl.fast_log.warning(
+                f"flight recorder: {reason} dump of {session!r} skipped: {type(e).__name__}: {e}"
+            )
+            return
+        name = f"{session}-{utc_name(want.wall)}"
+        self._writes.put((snap, want.capsule_dir, name, f"-{reason}", want.budget, reason, None))
 
     def _wanted_dump(self, eng, session: str, reason: str) -> Wanted | None:
         """An automatic dump of the session, or None (said why, when it is worth saying): the
@@ -633,92 +612,21 @@ class FlightServices:
                 f"of {eng.state_nbytes} B; {reason} dump skipped"
             )
             return None
-        line = self._line(eng, session)
-        if line is None:
-            return None
         self._last_auto = now
-        sref = weakref.ref(eng.session(session))
-        goals = self._goals.get(session, 0) if eng is self._engine else 0
-        return Wanted(
-            weakref.ref(eng),
-            sref,
-            session,
-            reason,
-            time.time(),
-            line,
-            goals,
-            fit,
-            budget,
-            cfg.capsule_dir,
-        )
-
-    def _take(self, want: Wanted) -> Snapshot | str:
-        """The wanted copy, taken on the flight thread one tick at a time under the engine lock
-        (each a short background hold: the control loop keeps its rate), or why not: the
-        session moved, or the engine is gone, since the dump was asked for."""
-        lock = self.ctl.lock
-
-        def moved(eng) -> str:
-            if eng is None or self.ctl.engine is not eng:
-                return "the node was cleaned up or configured again"
-            if (
-                self._line(eng, want.session) != want.line
-                or eng.session(want.session) is not want.sref()
-            ):
-                return (
-                    f"session {want.session!r} moved since (a step, rewind, restore, branch, "
-                    "reset or drop): its ring no longer holds what led there"
-                )
-            return ""
-
-        eng = want.engine()
-        with lock:
-            why = moved(eng)
-            if why:
-                return why
-            s = eng.session(want.session)
-            held = list(s.flight_steps())[-want.fit :]
-            stamps = [(self._stamp(eng, s, t) or 0) / 1e9 for t in held]
-            parent, nbytes, store = s.parent_id, eng.state_nbytes, eng.store
-        states = torch.empty((len(held), nbytes), dtype=torch.uint8)  # off the lock
-        cost = nbytes / COPY_BPS + 1e-4
-        for i, t in enumerate(held):
-            with lock.background(cost):
-                why = moved(eng)
-                if why:
-                    return why
-                s = eng.session(want.session)
-                if t == s.steps and self._goals.get(want.session, 0) != want.goals:
-                    self.ctl.fast_log.warning(
-                        f"flight recorder: the {want.reason} dump of {want.session!r} leaves "
-                        f"out step {t}, its current state: a goal was applied to it after the "
-                        "dump was asked for"
-                    )
-                    held, stamps, states = held[:i], stamps[:i], states[:i]
-                    break
-                states[i].copy_(s.flight_state(t))
-        if not held:
-            return "its only recorded state was changed by a goal since"
-        return Snapshot(want.session, parent, held, stamps, states, store)
-
-    def settle(self, timeout: float = 5.0) -> bool:
-        """Wait until the copies of the automatic dumps asked for so far are taken (not written):
-        call before the engine goes away (cleanup), without the engine lock held."""
-        with self._taken:
-            return self._taken.wait_for(lambda: self._wanted == 0, timeout=timeout)
+        return Wanted(session, reason, time.time(), fit, budget, cfg.capsule_dir)
 
     # -- the flight thread ------------------------------------------------------------------------
     def _work_forever(self) -> None:
         name_os_thread()
         while (job := self._jobs.get()) is not None:
-            if isinstance(job, Wanted):
-                self._auto(job)
-            elif isinstance(job, Asked):
-                self._asked(job)
+            self._asked(job)
 
     def _write_forever(self) -> None:
         name_os_thread()
         while (job := self._writes.get()) is not None:
+            if isinstance(job, threading.Event):  # flush(): everything before it is written
+                job.set()
+                continue
             self._run(*job)
 
     def _wake_up(self) -> None:
@@ -726,27 +634,6 @@ class FlightServices:
         nobody awaits the reply then."""
         with contextlib.suppress(Exception):
             self._wake.trigger()
-
-    def _auto(self, want: Wanted) -> None:
-        log = self.ctl.fast_log
-        try:
-            snap = self._take(want)
-        except Exception as e:  # noqa: BLE001 (CapacityError: no room between ticks for 10 s)  # noqa: BLE001 (a failed dump never stops the node)
-            snap = f"{type(e).__name__}: {e}"
-        finally:
-            with self._taken:
-                self._wanted -= 1
-                self._taken.notify_all()
-        if isinstance(snap, str):
-            log.warning(f"flight recorder: {want.reason} dump of {want.session!r} skipped: {snap}")
-            return
-        self._write_auto(want, snap)
-
-    def _write_auto(self, want: Wanted, snap: Snapshot) -> None:
-        name = f"{want.session}-{utc_name(want.wall)}"
-        self._writes.put(
-            (snap, want.capsule_dir, name, f"-{want.reason}", want.budget, want.reason, None)
-        )
 
     def _asked(self, a: Asked) -> None:
         try:
@@ -871,6 +758,15 @@ class FlightServices:
             "flight_dumps": str(self.dumps),
             "flight_last_dump": self.last_dump,
         }
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until the dumps queued so far are written: a cleanup calls it before capsule_dir's
+        lock goes (a deactivate's dump is written after the deactivate returns)."""
+        if not self._disk.is_alive():
+            return True
+        done = threading.Event()
+        self._writes.put(done)
+        return done.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued dumps, then end the flight thread and, once the copies it took

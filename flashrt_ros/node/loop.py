@@ -4,6 +4,7 @@ engine lock that lets it go first."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import threading
@@ -273,9 +274,18 @@ class EngineLock:
         patient = now - since > self.PATIENCE * self.period
         return patient and now + cost + self.tick_s + self.MARGIN_S < nt + self.period
 
+    def room_s(self) -> float:
+        """The longest background step that fits between two ticks of the running loop (its
+        period less a tick and the margin); unbounded while no loop runs."""
+        if self.next_tick is None:
+            return math.inf
+        return max(self.period - self.tick_s - self.MARGIN_S, 0.0)
+
     @contextlib.contextmanager
-    def background(self, cost: float, give_up_s: float = 10.0) -> Iterator[None]:
-        """Hold the lock for one step of background work that takes about `cost` seconds.
+    def background(
+        self, cost: float, give_up_s: float = 10.0, what: str = "step"
+    ) -> Iterator[None]:
+        """Hold the lock for one `what` of background work that takes about `cost` seconds.
         CapacityError when no such room came for `give_up_s`: the loop never waits for it."""
         since = time.monotonic()
         give_up = since + give_up_s
@@ -284,7 +294,7 @@ class EngineLock:
                 if not self._may_go(cost, since):
                     if time.monotonic() > give_up:
                         raise CapacityError(
-                            f"no room for a {cost * 1e3:.1f} ms step between control ticks for "
+                            f"no room for a {cost * 1e3:.1f} ms {what} between control ticks for "
                             f"{give_up_s:g} s: lower rate_hz, or deactivate the node first"
                         )
                     gen, nt = self._gen, self.next_tick

@@ -510,14 +510,18 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self._poison.pop(s.name, None)
         s.state_replaced()
 
+    def _cure(self) -> str:
+        """What brings a poisoned session back, for its errors (rewind too, with a recorder)."""
+        back = ", rewound to a tick before the fault" if self.flight_ticks else ""
+        return f"a capsule is restored or branched into it{back}, or it is reset"
+
     def _live(self, name: str) -> Session:
         """The session, if it may step; StepFault (saying how to recover) when poisoned."""
         s = self.session(name)
         why = self._poison.get(s.name)
         if why:
             raise StepFault(
-                f"session {s.name!r} is poisoned ({why}); it will not step until a capsule is "
-                "restored or branched into it, or it is reset"
+                f"session {s.name!r} is poisoned ({why}); it will not step until {self._cure()}"
             )
         return s
 
@@ -670,8 +674,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
             why = f"step {s.steps + 1} failed: {type(e).__name__}: {e}"
             self._poison[s.name] = why
             raise StepFault(
-                f"session {s.name!r}: {why}; the session is poisoned until a capsule is "
-                "restored or branched into it, or it is reset"
+                f"session {s.name!r}: {why}; the session is poisoned until {self._cure()}"
             ) from e
         s.steps += 1
         if not np.isfinite(s.action_np).all() or (chunk and not np.isfinite(s.chunk_np).all()):
@@ -679,8 +682,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
             why = f"non-finite {what} at step {s.steps}"
             self._poison[s.name] = why
             raise StepFault(
-                f"session {s.name!r}: {why}; the session is poisoned until a capsule is "
-                "restored or branched into it, or it is reset"
+                f"session {s.name!r}: {why}; the session is poisoned until {self._cure()}"
             )
 
     def _warm(self, s: Session, x, kind: int, what: tuple[str, ...]) -> None:

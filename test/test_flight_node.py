@@ -262,6 +262,13 @@ def _in_process_flight(ros, tmp_path, **params):
     return ctl, flight, done
 
 
+def _ticks(eng, flight, rows) -> None:
+    """Steps of main on `rows`, each recorded as the node's tick records it."""
+    for o in rows:
+        eng.step(o)
+        flight.tick(eng, "main")
+
+
 def _dumped(folder) -> list[tuple[int, str]]:
     from flashrt_ros.capsules import diskfmt
 
@@ -281,9 +288,7 @@ def test_a_fault_dump_holds_the_fault_whatever_comes_right_after_it(ros, tmp_pat
     eng = ctl.engine
     try:
         with ctl.lock:
-            for o in OBS[:6]:
-                eng.step(o)
-                flight.tick(eng, "main")
+            _ticks(eng, flight, OBS[:6])
             at_fault = eng.state_checksum()
             flight.on_step_error(eng, "main")  # a fault that did not move the session
             if then == "goal":
@@ -313,17 +318,13 @@ def test_a_fault_dump_that_fails_leaves_the_next_fault_its_dump(ros, tmp_path, m
     real = Session.flight_state
     try:
         with ctl.lock:
-            for o in OBS[:3]:
-                eng.step(o)
-                flight.tick(eng, "main")
+            _ticks(eng, flight, OBS[:3])
             monkeypatch.setattr(Session, "flight_state", lambda *a: 1 / 0)
             flight.on_step_error(eng, "main")  # the copy fails: no dump
             monkeypatch.setattr(Session, "flight_state", real)
             eng.reset()
             flight.forget(eng, "main")
-            for o in OBS[3:5]:
-                eng.step(o)
-                flight.tick(eng, "main")
+            _ticks(eng, flight, OBS[3:5])
             flight.on_step_error(eng, "main")  # within the interval: dumped all the same
     finally:
         done()

@@ -40,7 +40,7 @@ class FlightVerbs:
         """A user session (UnknownReference for an internal one: it has no ring)."""
         if isinstance(session, str) and session.startswith("_"):
             raise UnknownReference(
-                f"unknown session {shown(session)} (sessions: {self.sessions()})"
+                f"unknown session {shown(session)} (sessions: {', '.join(self.sessions())})"
             )
         return self.session(session)
 

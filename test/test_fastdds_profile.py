@@ -155,6 +155,10 @@ def test_the_launch_choice_of_profile(tmp_path):
     assert fastdds_env(str(own), {PROFILE_VAR: "/x.xml"}, default) == {PROFILE_VAR: str(own)}
     with pytest.raises(FileNotFoundError, match="no such file"):
         fastdds_env(str(tmp_path / "missing.xml"), {}, default)
+    yaml = tmp_path / "dds.yaml"  # Fast DDS would print a parse error and run on its defaults
+    yaml.write_text("transport: shm\n")
+    with pytest.raises(ValueError, match="is not an XML profile"):
+        fastdds_env(str(yaml), {}, default)
 
 
 def test_the_installed_profile_is_the_repository_one():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -197,6 +198,25 @@ def test_node_in_namespace(ros):
     assert node.service("list_capsules") == "/arm_a/flashrt/list_capsules"
     resp = ros.call(ros.client(ListCapsules, node.service("list_capsules")), ListCapsules.Request())
     assert isinstance(resp, ListCapsules.Response)
+
+
+def test_a_second_node_of_the_same_name_is_warned_about(ros):
+    """Two arms, the second started without its namespace:=: ROS runs both as /twins/flashrt
+    without a word, each publishing commands, and a monitor of /diagnostics sees one entry
+    (integrator review). Each node now says so, in its status and its log."""
+    from test.node_client import NodeClient
+
+    params = {"device": "cpu", "trigger": "observation"}
+    a = ros.start_node(params, namespace="twins")
+    b = ros.start_node(params, namespace="twins")
+    c = NodeClient(ros, a)
+    d = c.wait_diag(lambda d: d.get("same_name_nodes") == "2", 20)
+    assert d["_level"] == 1 and "2 nodes named /twins/flashrt" in d["_message"], d
+    for p in (a, b):
+        end = time.monotonic() + 20
+        while "2 nodes named /twins/flashrt on the graph" not in p.log_tail(200):
+            assert time.monotonic() < end, p.log_tail()
+            time.sleep(0.2)
 
 
 def test_rmw_is_fastrtps():

@@ -281,6 +281,9 @@ def test_sigterm_while_the_node_starts_ends_it_cleanly(tmp_path, ros_domain, aft
     log = proc.log_path.read_text(errors="replace")
     assert rc == 0, f"rc {rc}\n{log}"
     assert "Traceback" not in log, log
+    # and says so, serving or not yet (a launch's log ended with nothing from the node)
+    said = ("stopped by a signal during start-up, before serving", "stopping (signal)")
+    assert any(s in log for s in said), log
 
 
 def test_a_policy_that_cannot_be_built_fails_configure_saying_why(tmp_path, ros_domain):
@@ -328,13 +331,19 @@ def test_bad_parameters_make_the_node_exit_2_naming_them(tmp_path, ros_domain):
             ["obs_timeout_s", "seed", "joint_names"],
         )
     )
+    # a second arm's node: its lines carry its namespace (both processes are flashrt_node)
+    arm = launch_node(
+        {"device": "cpu", "rate_hz": -1.0}, log_dir=tmp_path / "arm", namespace="arm_right"
+    )
+    procs.append((arm, ["rate_hz"]))
     try:
         for proc, names in procs:
             rc = _wait(proc)
             log = proc.log_path.read_text(errors="replace")
             assert rc == 2, f"{proc}: rc {rc}, expected 2\n{log}"
+            who = "arm_right.flashrt" if proc is arm else "flashrt"
             for name in names:
-                assert re.search(rf"\[flashrt\]: parameter {name}=.*; accepts ", log), log
+                assert re.search(rf"\[{who}\]: parameter {name}=.*; accepts ", log), log
             assert "Traceback" not in log, log
     finally:
         for proc, _ in procs:
@@ -436,6 +445,11 @@ def test_live_parameter_set_is_checked_and_applied(live):
     assert _set(ros, proc, max_rollout_steps=0)[0][0] is False
     ok, reason = _set(ros, proc, publish_offset_s=0.05)[0]  # the period of 20 Hz
     assert not ok and "publish_offset_s" in reason and "1/rate_hz" in reason
+    # a value of another type: named, with what it accepts (rclpy said "expected '3' got '4'")
+    ok, reason = _set(ros, proc, obs_timeout_s="abc")[0]
+    assert not ok and reason.startswith("parameter obs_timeout_s='abc'") and "accepts" in reason
+    ok, reason = _set(ros, proc, max_rollout_steps=5.0)[0]
+    assert not ok and "max_rollout_steps" in reason and "not an integer" in reason, reason
     assert _get(ros, proc, "obs_timeout_s", "publish_offset_s") == [
         (ParameterType.PARAMETER_DOUBLE, 0.5),
         (ParameterType.PARAMETER_DOUBLE, 0.0),
@@ -525,6 +539,12 @@ def test_params_file_sections_that_miss_the_node_are_reported(tmp_path):
     assert checked_params_file(str(tmp_path / "p.yaml")) == str(tmp_path / "p.yaml")
     with pytest.raises(FileNotFoundError, match="params_file:=.*act.yml: no such file"):
         checked_params_file(str(tmp_path / "act.yml"))
+    # a file cut short in a deploy: rcl takes it, and the node would run on its defaults
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        checked_params_file(str(tmp_path / "empty.yaml"))
+    (w,) = warns("# robot cell 3\n", "/arm/flashrt")
+    assert "is empty (or only comments)" in w, w
 
 
 def test_a_node_says_what_went_wrong_at_the_command_line(tmp_path, ros_domain):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from xml.etree import ElementTree
 
 PROFILE_VAR = "FASTDDS_DEFAULT_PROFILES_FILE"
 PROFILE_FILE = "fastdds_images.xml"  # in the package's share/flashrt_ros/config
@@ -23,6 +24,11 @@ def fastdds_env(choice: str, environ: Mapping[str, str], default: str) -> dict[s
         return {} if environ.get(PROFILE_VAR) else {PROFILE_VAR: default}
     if choice and not os.path.isfile(choice):
         raise FileNotFoundError(f"fastdds_profile:={choice}: no such file")
+    if choice:
+        try:  # Fast DDS itself only prints a parse error and runs on its defaults
+            ElementTree.parse(choice)
+        except ElementTree.ParseError as e:
+            raise ValueError(f"fastdds_profile:={choice} is not an XML profile ({e})") from None
     return {PROFILE_VAR: choice} if choice else {}
 
 

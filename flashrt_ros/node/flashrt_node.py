@@ -162,6 +162,7 @@ class FlashrtNode(LifecycleNode):
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
         self._stopped_active = False  # a signal stopped the node while active (hold_for_exit)
+        self._twins_said = 1  # nodes of this name last seen on the graph (_same_name_nodes)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
@@ -191,6 +192,8 @@ class FlashrtNode(LifecycleNode):
             return SetParametersResult(successful=False, reason=reason)
         was = {p.name: self.get_parameter(p.name).value for p in parameter_list}
         result = super().set_parameters_atomically(parameter_list)
+        if not result.successful and result.reason.startswith("Wrong parameter type"):
+            result.reason = params.NODE_PARAMS.type_refusal(parameter_list, result.reason)
         # an operator's change at runtime leaves a line in the log, accepted or not
         said = ", ".join(f"{p.name}={p.value!r} (was {was[p.name]!r})" for p in parameter_list)
         if result.successful:
@@ -1004,6 +1007,23 @@ class FlashrtNode(LifecycleNode):
                 self._traj_running = False
                 self._pub_traj.publish(JointTrajectory(joint_names=list(self.cfg.joint_names)))
 
+    def _same_name_nodes(self) -> int:
+        """How many nodes on the graph have this node's name and namespace (1: only this one).
+        ROS allows twins and says nothing; each publishes commands, and a monitor of
+        /diagnostics sees one entry. A graph cache lookup (~1 us), logged when it rises."""
+        me = (self.get_name(), self.get_namespace())
+        try:
+            n = sum(1 for node in self.get_node_names_and_namespaces() if node == me)
+        except Exception:  # noqa: BLE001 - the context is going away: nothing to say
+            return 0
+        if n > self._twins_said:
+            self.control.fast_log.warning(
+                f"{n} nodes named {self.get_fully_qualified_name()} on the graph: two policies "
+                "may be commanding one controller; give each its own namespace"
+            )
+        self._twins_said = n
+        return n
+
     def hold_for_exit(self) -> None:
         """Ctrl-C or SIGTERM (signals.py), while the publishers still publish: no step's output
         goes out after this, and a running trajectory is held. Not under the engine lock: a
@@ -1176,6 +1196,8 @@ class FlashrtNode(LifecycleNode):
             kv["rate_hz_set"] = f"{self.cfg.rate_hz:.1f}"
         unheard = self._unheard_publishers()
         kv["qos_mismatch"] = "; ".join(unheard)
+        twins = self._same_name_nodes()
+        kv["same_name_nodes"] = str(twins)
         kv["services_thread"] = self.service_host.serving_thread
         # whether the thread that steps polls now (busy_wait, while active): a core at 100 %
         busy = self.active and self.cfg is not None and self.cfg.busy_wait
@@ -1219,6 +1241,13 @@ class FlashrtNode(LifecycleNode):
             message = "finalized (lifecycle shutdown): restart the process to serve again"
         elif not self.active:
             level, message = DiagnosticStatus.WARN, kv["state"]
+        elif twins > 1:
+            level = DiagnosticStatus.WARN
+            message = (
+                f"{twins} nodes named {self.get_fully_qualified_name()} on the graph: two "
+                "policies may be commanding one controller (a namespace:= forgotten?), unless "
+                "one stopped a moment ago and discovery has not forgotten it yet"
+            )
         elif (
             # frame steps come only with frames: a stale tick of long ago says nothing now
             (

@@ -7,6 +7,7 @@ the process running, as ROS lifecycle nodes do, until it is stopped.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -61,6 +62,9 @@ def _check_parameters(argv: Sequence[str]):
         raise ParamError([f"the node cannot be made: {e}"]) from None
     try:
         cfg = NODE_PARAMS.check(probe, argv)
+    except ParamError as e:  # logged under the node's own name: which of two arms failed
+        e.logger = probe.get_logger().name
+        raise
     finally:
         probe.destroy_node()
     return cfg
@@ -86,13 +90,21 @@ def main(args: Sequence[str] | None = None) -> int:
     try:
         return _main(args, interrupts)
     except KeyboardInterrupt:  # a signal before rclpy took over (the first imports): done
-        return 0
+        return stopped_early()
     except ImportError:
         # a Ctrl-C inside an extension's initialisation (rclpy's pybind11 module) comes out as
         # that module's ImportError ("initialization failed"), not as the KeyboardInterrupt
         if interrupts.signalled:
-            return 0
+            return stopped_early()
         raise
+
+
+def stopped_early() -> int:
+    """A signal ended the start before the node served: say so (a launch's log otherwise ends
+    with nothing from the node), and exit 0 as for any Ctrl-C."""
+    with contextlib.suppress(OSError):  # stderr gone (a closed pipe): nothing to tell
+        print("flashrt_node: stopped by a signal during start-up, before serving", file=sys.stderr)
+    return 0
 
 
 def _main(args: Sequence[str] | None, interrupts) -> int:
@@ -148,7 +160,7 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
     try:
         rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     except KeyboardInterrupt:
-        return 0
+        return stopped_early()
     except Exception as e:  # rcl refuses malformed --ros-args (RCLError): say so, no traceback
         # its log folder too: HOME unset or read-only (a systemd unit without User=)
         log_dir = re.search(r"log(ging)? directory", str(e), re.IGNORECASE)
@@ -156,6 +168,7 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
         print(f"flashrt_node: error: {e}{hint}", file=sys.stderr)
         return 2
     node = executor = services = wake = None
+    serving = False
     unforward = None
     try:
         try:
@@ -178,7 +191,7 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             if bytecode_note:
                 node.get_logger().info(bytecode_note)
         except ParamError as e:
-            log = get_logger("flashrt")
+            log = get_logger(getattr(e, "logger", "flashrt"))
             for line in e.problems:
                 log.fatal(line)
             log.fatal("bad parameters (see above); exiting with status 2")
@@ -210,9 +223,11 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
         services = node.service_host
         services.start()  # first: the inputs' loop of observation mode borrows them (inputs.py)
         node.start_inputs()
+        serving = True
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        if not serving:  # before the node served (the imports, the autostart's configure)
+            stopped_early()
     finally:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
         if wake is not None:

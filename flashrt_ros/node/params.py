@@ -434,6 +434,20 @@ class ParamTable:
             out.append(q)
         return out
 
+    def type_refusal(self, params: list, reason: str) -> str:
+        """A set rclpy refused for a value's type, said as a bad value is: rclpy's "Wrong
+        parameter type, expected '3' got '4'" named neither the parameter nor what it accepts
+        (a `ros2 param set` user sees only this reply)."""
+        for q in params:
+            p = self.params.get(q.name)
+            if p is None:
+                continue
+            try:
+                p.convert(q.value)
+            except ParamError as e:
+                return str(e)
+        return reason
+
     def _check_set(self, node, params: list):
         """Refuse, with the reason, a set that would leave any parameter invalid."""
         from rcl_interfaces.msg import SetParametersResult
@@ -504,6 +518,8 @@ def checked_params_file(path: str) -> str:
     robot's, from a typo in the path)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"params_file:={path}: no such file")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"params_file:={path} is empty: the node would run on its defaults")
     return path
 
 
@@ -529,6 +545,12 @@ def unmatched_params_files(argv: Sequence[str], fqn: str) -> list[str]:
                     doc = yaml.safe_load(f)
             except (OSError, yaml.YAMLError):
                 continue  # rcl reads it first and says what is wrong
+            if doc is None:  # empty or only comments: rcl takes it without a word
+                out.append(
+                    f"params file {path} is empty (or only comments), so the node runs on its "
+                    "defaults: another policy, rate and joints than a robot's; was it cut short?"
+                )
+                continue
             keys = [str(k) for k in doc] if isinstance(doc, dict) else []
             if keys and not any(_section_matches(k, fqn) for k in keys):
                 out.append(

@@ -24,9 +24,10 @@ name is reserved first (an exclusive mkdir) and a taken one gets the next suffix
 replaces or merges with another folder. `flight` and every dump folder must be real folders
 (checked with lstat, never through a symbolic link) whenever one is created, written into or
 bounded: anything else is refused, so nothing is written or removed outside capsule_dir.
-Subfolders are never reloaded into the pool. Automatic dumps end in `-fault` / `-deactivate`, are
-throttled (`flight_dump_interval_s`) and kept within `flight_dump_max_mb` by removing the oldest
-automatic dumps first; dumps asked for with ~/dump_flight are never removed by the node.
+Subfolders are never reloaded into the pool. Automatic dumps end in `-fault` / `-deactivate` /
+`-stop` (a shutdown or signal while active), are throttled (`flight_dump_interval_s`) and kept
+within `flight_dump_max_mb` by removing the oldest automatic dumps first; dumps asked for with
+~/dump_flight are never removed by the node.
 """
 
 from __future__ import annotations

@@ -959,7 +959,7 @@ NODE_PARAMS = ParamTable(
             256.0,
             "double",
             "disk bound of the automatic flight dumps in capsule_dir/flight (a step error, a "
-            "deactivate); the oldest go first (0 = no automatic dumps)",
+            "deactivate, a stop while active); the oldest go first (0 = no automatic dumps)",
             lo=0.0,
             hi=1e7,
             live=True,

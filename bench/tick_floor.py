@@ -19,6 +19,15 @@ same loop around the least a tick can be, so the queue rows have a floor from th
 
 policies_bench.py runs `measure()` after the policies on CUDA ("tick_floor" in its JSON;
 `--no-floor` skips it).
+
+`--split` adds "split": where the first ticks after a busy graph lose their time, for two busy
+graphs of the same length: the matmul chain (streams memory through the caches) and a sleeping
+kernel (torch.cuda._sleep: the device spins, touching no memory); and the matmuls once more
+with a twin of the tiny graph (the same kernels, another executable and buffers) replayed
+untimed before the timed ticks. Per tick by position: the host's replay() call, the wait after
+it, and the device's own time from an event recorded just before the replay to one just after
+it (it includes the launch's time in the device's queue). A slow "+1" under both busy graphs
+is not the caches the matmuls evicted.
 """
 
 from __future__ import annotations
@@ -109,6 +118,79 @@ def busy_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
     return capture(chain(n), stream), n
 
 
+def sleep_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
+    """A graph of one sleeping kernel (torch.cuda._sleep) sized to about `ms`."""
+
+    def spin(cycles: int):
+        return lambda: torch.cuda._sleep(cycles)
+
+    probe = capture(spin(1_000_000), stream)
+    t = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        probe.replay()
+        wait()
+        t.append(time.perf_counter() - t0)
+    cycles = max(1000, round(1_000_000 * ms / 1e3 / float(np.median(t))))
+    return capture(spin(cycles), stream), cycles
+
+
+def split(stream, busy, tiny, host, wait: Waiter, rounds: int, after: int, primer=None) -> dict:
+    """Per position after `busy`: host replay() us, wait us, device us (events). `primer`, a
+    graph replayed and waited for between `busy` and the timed ticks (untimed)."""
+    ev = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(after)
+    ]
+    rows: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        busy.replay()
+        wait()
+        if primer is not None:
+            primer.replay()
+            wait()
+        for k in range(after):
+            a, b = ev[k]
+            a.record(stream)
+            t0 = time.perf_counter()
+            tiny.replay()
+            t1 = time.perf_counter()
+            b.record(stream)
+            wait()
+            np.isfinite(host.numpy()).all()
+            t2 = time.perf_counter()
+            r = rows.setdefault(f"+{k + 1}", {"replay": [], "wait": [], "tick": [], "device": []})
+            r["replay"].append((t1 - t0) * 1e6)
+            r["wait"].append((t2 - t1) * 1e6)
+            r["tick"].append((t2 - t0) * 1e6)
+        for k in range(after):
+            a, b = ev[k]
+            rows[f"+{k + 1}"]["device"].append(a.elapsed_time(b) * 1e3)
+    return {pos: {part: pct(v) for part, v in r.items()} for pos, r in rows.items()}
+
+
+def measure_split(ticks: int, busy_ms: float, after: int) -> dict:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        wait = Waiter(stream)
+        tiny, host = tiny_graph(stream)
+        mm, n_mm = busy_graph(stream, busy_ms, wait)
+        sl, cycles = sleep_graph(stream, busy_ms, wait)
+        rounds = max(1, ticks // after)
+        gc.collect()
+        gc.freeze()
+        try:
+            twin, _ = tiny_graph(stream)  # the same kernels, another executable and buffers
+            out = {
+                "matmuls": {"n": n_mm, **split(stream, mm, tiny, host, wait, rounds, after)},
+                "sleep": {"cycles": cycles, **split(stream, sl, tiny, host, wait, rounds, after)},
+                "matmuls_twin_primed": split(stream, mm, tiny, host, wait, rounds, after, twin),
+            }
+        finally:
+            gc.unfreeze()
+    return out
+
+
 def measure(ticks: int, busy_ms: float, after: int) -> dict:
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # everything below runs, and is waited for, on `stream`
@@ -168,6 +250,7 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=2000, help="steady ticks (and after-busy ones)")
     ap.add_argument("--busy-ms", type=float, default=8.0, help="the busy graph's length (ms)")
     ap.add_argument("--after", type=int, default=7, help="tiny ticks after each busy graph")
+    ap.add_argument("--split", action="store_true", help="also the split after busy graphs")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -177,6 +260,8 @@ def main() -> int:
         print("tick_floor: --ticks >= 10, --after >= 1 and --busy-ms > 0", file=sys.stderr)
         return 2
     r = measure(a.ticks, a.busy_ms, a.after)
+    if a.split:
+        r["split"] = measure_split(a.ticks, a.busy_ms, a.after)
     text = json.dumps(r, indent=1)
     print(text)
     if a.out:

@@ -56,3 +56,8 @@ class SlowAbove(NanAbove):
 
 def slow_above(threshold: float = THRESHOLD, seconds: float = 3.0) -> Policy:
     return SlowAbove(load_policy("builtin:hybrid"), threshold, seconds).eval()
+
+
+def stuck_above(threshold: float = THRESHOLD) -> Policy:
+    """A step that stays stuck for a minute: longer than any test waits for an exit."""
+    return slow_above(threshold, seconds=60.0)

@@ -231,6 +231,10 @@ def test_stamps_follow_the_state_across_a_rewind_and_a_fault(ros, tmp_path):
     }
     assert abs(stamps[10] - (T0 + 0.30)) < 1e-6, stamps  # the faulted step's own observation
     assert abs(stamps[9] - (T0 + 0.08)) < 1e-6, stamps
+    # the faulted tick's own stamp names the poisoned state: refused, not "success" that
+    # changed nothing (diff review: the poison messages name rewind as a way out)
+    r = rewind(stamp=stamp(31))
+    assert not r.success and "poisoned at step 10" in r.message, r.message
     r = rewind(stamp=stamp(9, 5_000_000))  # step 10 consumed stamp(30): step 9 is the one
     assert r.success and r.step == 9, r.message
 
@@ -508,6 +512,60 @@ def test_a_node_stopped_while_it_serves_dumps_its_ring(ros, tmp_path, how):
     (dump,) = [p for p in (caps / "flight").iterdir() if p.is_dir()]
     assert dump.name.startswith("main-") and dump.name.endswith("-stop"), dump.name
     assert len(list(dump.glob("*.fcap"))) == 6, proc.log_tail()  # steps 0..5
+
+
+def test_a_signal_during_a_stuck_step_still_ends_the_node(ros, tmp_path):
+    """The stop dump waits for the engine lock at most a second: a step stuck on the device
+    (here a step that sleeps a minute) kept a Ctrl-C's exit waiting until it ended (diff
+    review: 39.5 s against 1.4 s before the stop dump)."""
+    import time
+
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "observation",
+                "device": "cpu",
+                "policy": "test.nan_policy:stuck_above",
+                "flight_ticks": RING,
+                "capsule_dir": str(tmp_path / "capsules"),
+            },
+        )
+    node = NodeClient(ros, proc)
+    node.step(OBS[0])
+    node.publish(np.full(12, 600.0))  # this step sleeps for a minute
+    ros.spin_for(1.0)
+    t0 = time.monotonic()
+    assert proc.stop(timeout=30.0) == 0, proc.log_tail()
+    assert time.monotonic() - t0 < 20.0, proc.log_tail()
+    assert "stop dump skipped: a step or request held the engine" in proc.log_tail(200)
+
+
+def test_a_fault_dump_is_not_counted_as_the_loop_overrunning(ros, tmp_path):
+    """The fault's ring is copied in the faulted tick (~30 ms for 1000 ticks of 69 KB here):
+    the periods it takes were counted as overruns of the loop (diff review: 0 -> 10), though
+    the session is poisoned and nothing was due. The log says how long the copy took."""
+    with importable_tests():
+        proc = ros.start_node(
+            {
+                "trigger": "timer",
+                "rate_hz": 100.0,
+                "device": "cpu",
+                "policy": "test.nan_policy:nan_above",
+                "flight_ticks": 1000,
+                "capsule_dir": str(tmp_path / "capsules"),
+            },
+        )
+    node = NodeClient(ros, proc)
+    for o in OBS[:4]:
+        node.publish(o)
+        ros.spin_for(0.05)
+    before = int(node.latest_diag()["overruns"])
+    node.publish(np.full(12, 600.0))
+    d = node.wait_diag(lambda d: d.get("poisoned_session") == "main", 10)
+    ros.spin_for(1.5)
+    d = node.latest_diag()
+    assert int(d["overruns"]) == before, d["last_overrun"]
+    assert "the fault's ring copied in" in proc.log_tail(200), proc.log_tail()
 
 
 def test_a_deactivate_dump_that_fails_fails_nothing_else(ros, tmp_path, monkeypatch):

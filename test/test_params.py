@@ -281,8 +281,10 @@ def test_sigterm_while_the_node_starts_ends_it_cleanly(tmp_path, ros_domain, aft
     log = proc.log_path.read_text(errors="replace")
     assert rc == 0, f"rc {rc}\n{log}"
     assert "Traceback" not in log, log
-    # and says so, serving or not yet (a launch's log ended with nothing from the node)
-    said = ("stopped by a signal during start-up, before serving", "stopping (signal)")
+    # and says so, serving or not yet (a launch's log ended with nothing from the node); at
+    # 0.2 s it is still importing torch on any machine
+    early = "stopped by a signal during start-up, before serving"
+    said = (early,) if after_s < 0.5 else (early, "stopping (signal)")
     assert any(s in log for s in said), log
 
 
@@ -540,9 +542,10 @@ def test_params_file_sections_that_miss_the_node_are_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="params_file:=.*act.yml: no such file"):
         checked_params_file(str(tmp_path / "act.yml"))
     # a file cut short in a deploy: rcl takes it, and the node would run on its defaults
-    (tmp_path / "empty.yaml").write_text("")
-    with pytest.raises(ValueError, match="is empty"):
-        checked_params_file(str(tmp_path / "empty.yaml"))
+    for text in ("", "\n", "# robot cell 3\n"):
+        (tmp_path / "empty.yaml").write_text(text)
+        with pytest.raises(ValueError, match="is empty"):
+            checked_params_file(str(tmp_path / "empty.yaml"))
     (w,) = warns("# robot cell 3\n", "/arm/flashrt")
     assert "is empty (or only comments)" in w, w
 

@@ -79,6 +79,7 @@ from flashrt_ros.runtime.engine import Engine
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
 FUSE_WAIT_S = 300.0  # cleanup waits this long for a fused step still building
 EXIT_FUSE_WAIT_S = 5.0  # and an exit this long, once the build was cancelled
+STOP_DUMP_WAIT_S = 1.0  # a signal's flight dump waits this long for the engine, no longer
 
 
 def _says_why(transition: Callable) -> Callable:
@@ -163,6 +164,7 @@ class FlashrtNode(LifecycleNode):
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
         self._stopped_active = False  # a signal stopped the node while active (hold_for_exit)
         self._twins_said = 1  # nodes of this name last seen on the graph (_same_name_nodes)
+        self._uncounted = False  # the tick just run copied a fault's flight ring (_on_timing)
         # the services on a node of their own, spun by main.py on a thread of its own
         self.service_host = ServiceHost(self)
         self.service_host.on_served = self._served
@@ -628,7 +630,8 @@ class FlashrtNode(LifecycleNode):
         if self._stop_fusing(EXIT_FUSE_WAIT_S):
             self.get_logger().warning("late_fuse: the build was still running at exit")
         if self._stopped_active:  # a signal stopped it serving: the ring goes with the process
-            self.flight.on_stop("stop")  # written before exit (FlightServices.close, atexit)
+            # written before exit (FlightServices.close, atexit); a stuck step: no dump
+            self.flight.on_stop("stop", wait_s=STOP_DUMP_WAIT_S)
 
     def _stop_fusing(self, timeout: float) -> bool:
         """Cancel a late-fusing build and wait up to `timeout` for it; True if it still runs."""
@@ -956,7 +959,8 @@ class FlashrtNode(LifecycleNode):
             except Exception as e:  # StepFault (the session is poisoned now), a device error
                 self._hold()
                 ctl.fault(f"step of {live!r}", e, step_error=True)
-                self.flight.on_step_error(eng, live)
+                self.flight.on_step_error(eng, live)  # the ring's copy: not an overrun
+                self._uncounted = True
                 return
             self.flight.tick(eng, live)
         marks[3] = time.monotonic()
@@ -1074,6 +1078,8 @@ class FlashrtNode(LifecycleNode):
     def _on_timing(self, jitter: float, missed: int, took: float, delayed: bool = False) -> None:
         # a tick the one before delayed did not wake late: its lateness is that tick's run
         inherited, self._started_late = self._started_late, delayed
+        if self._uncounted:  # the faulted tick copied the flight ring: nothing was due
+            self._uncounted = missed = 0  # (the session is poisoned; the log gave the time)
         with self.stats.lock:
             self.stats.jitter_us.add(abs(jitter) * 1e6)
             self.stats.delayed_ticks += delayed

@@ -464,6 +464,11 @@ class FlightServices:
             # everything that can refuse is checked first; then the rewind, then the capsule of
             # the state landed at (the current one now): a refused call changes nothing, the
             # capsule pool included (a checkpoint may evict an unpinned capsule)
+            if target == cur and eng.poisoned(session):  # it would change nothing
+                raise BadRequest(
+                    f"session {session!r} is poisoned at step {cur} ({eng.poisoned(session)}), "
+                    "the tick that stamp names: rewind to a tick before the fault"
+                )
             if req.keep and target < cur:
                 self._can_keep(eng, s, target)
             if target < cur:
@@ -550,26 +555,39 @@ class FlightServices:
         known = self._last if eng is self._engine else {}
         if eng.flight_ticks and eng.session(session).steps != known.get(session, 0):
             self.tick(eng, session)
-        self._dump_now(eng, session, "fault")
+        t0 = time.perf_counter()
+        if self._dump_now(eng, session, "fault"):
+            ms = (time.perf_counter() - t0) * 1e3
+            self.ctl.fast_log.info(
+                f"flight recorder: the fault's ring copied in {ms:.1f} ms, in the faulted tick "
+                "(its periods are not counted as overruns)"
+            )
 
-    def on_stop(self, reason: str = "deactivate") -> None:
+    def on_stop(self, reason: str = "deactivate", wait_s: float | None = None) -> None:
         """The loop has stopped (a deactivate; a lifecycle shutdown or a signal while active,
         `reason` "stop": the ring lives on the device and goes with the process): dump the live
         session's ring, copied in this one hold of the engine lock (nothing steps now, so only
-        requests wait for it), as a fault's is."""
-        with self.ctl.lock:
+        requests wait for it), as a fault's is. `wait_s`: wait no longer for the lock (a
+        signal's exit: a step stuck on the device must not keep the process from ending)."""
+        with self.ctl.lock.within(-1 if wait_s is None else wait_s) as got:
+            if not got:
+                self.ctl.fast_log.warning(
+                    f"flight recorder: {reason} dump skipped: a step or request held the engine "
+                    f"for over {wait_s:g} s"
+                )
+                return
             eng = self.ctl.engine
             if eng is not None:
                 self._dump_now(eng, self.ctl.live, reason)
 
-    def _dump_now(self, eng, session: str, reason: str) -> None:
+    def _dump_now(self, eng, session: str, reason: str) -> bool:
         """Copy the session's newest ticks that fit in the disk bound to host memory now (engine
         lock held) and queue their files. A copy that fails (a device error, say) is logged and
         skipped, and does not use up flight_dump_interval_s: it never fails the caller."""
         before = self._last_auto
         want = self._wanted_dump(eng, session, reason)
         if want is None:
-            return
+            return False
         try:
             s = eng.session(session)
             held = list(s.flight_steps())[-want.fit :]
@@ -583,9 +601,10 @@ class FlightServices:
             self.ctl.fast_log.warning(
                 f"flight recorder: {reason} dump of {session!r} skipped: {type(e).__name__}: {e}"
             )
-            return
+            return False
         name = f"{session}-{utc_name(want.wall)}"
         self._writes.put((snap, want.capsule_dir, name, f"-{reason}", want.budget, reason, None))
+        return True
 
     def _wanted_dump(self, eng, session: str, reason: str) -> Wanted | None:
         """An automatic dump of the session, or None (said why, when it is worth saying): the

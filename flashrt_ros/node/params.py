@@ -518,8 +518,17 @@ def checked_params_file(path: str) -> str:
     robot's, from a typo in the path)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"params_file:={path}: no such file")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"params_file:={path} is empty: the node would run on its defaults")
+    import yaml
+
+    try:
+        with open(path) as f:
+            empty = yaml.safe_load(f) is None
+    except (OSError, yaml.YAMLError):
+        empty = False  # the node reads it with rcl and says what is wrong
+    if empty:
+        raise ValueError(
+            f"params_file:={path} is empty (or only comments): the node would run on its defaults"
+        )
     return path
 
 

@@ -171,7 +171,11 @@ def test_a_policy_that_changes_python_state_in_its_step_runs_compiled_the_usual_
     uses torch.compile."""
     step = 'self.calls += 1\n        action.copy_(state["acc"].add_(obs * self.calls))'
     src = IMPORTS + policy_class("Counting", step)
-    src += "\n\ndef make():\n    p = Counting()\n    p.calls = 0\n    return p\n"
+    # impure on purpose (the Engine's purity probe would refuse it): the guards are the point
+    src += (
+        "\n\ndef make():\n    p = Counting()\n    p.calls = 0\n"
+        "    p.probe_purity = False\n    return p\n"
+    )
     (tmp_path / "counting_policy.py").write_text(src)
     got = check_run(tmp_path, "counting_policy", "make", n=1)
     (ev,) = got["events"]

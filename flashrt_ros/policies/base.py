@@ -91,6 +91,11 @@ class Policy(torch.nn.Module):
     # otherwise. False captures the eager kernels: for a policy whose compiled step was seen to
     # differ from its eager one.
     fuse_default: bool = True
+    # Whether the Engine checks at build that two steps from the same arena and inputs agree
+    # bit for bit (runtime/purecheck.py): state kept outside the arena or noise of its own are
+    # refused. False only for kernels that are not deterministic (atomics): the capsules of
+    # such a policy continue only approximately.
+    probe_purity: bool = True
     # Ticks the check of a compiled step (runtime/fusecheck.py) runs at least, for a policy
     # whose state takes that long to reach the values it keeps from then on (a queue that
     # fills up); 0: until every tick kind was checked twice.

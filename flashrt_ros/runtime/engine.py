@@ -367,6 +367,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
             self.encodings,
             self.precompiled,
             check_fused=self._fuse_step and not self._sessions,  # the first session
+            check_pure=not self._sessions,
         )
         if s.fused_mismatch:  # every later session is built unfused too
             self._fuse_step, self.fused_mismatch = False, s.fused_mismatch
@@ -679,7 +680,10 @@ class Engine(CapsuleVerbs, FlightVerbs):
         s.steps += 1
         if not np.isfinite(s.action_np).all() or (chunk and not np.isfinite(s.chunk_np).all()):
             what = "action" if not np.isfinite(s.action_np).all() else "action chunk"
-            why = f"non-finite {what} at step {s.steps}"
+            why = (
+                f"non-finite {what} at step {s.steps} (NaN/Inf from the policy, or elements "
+                "its step left unwritten: each tick writes all of action and chunk)"
+            )
             self._poison[s.name] = why
             raise StepFault(
                 f"session {s.name!r}: {why}; the session is poisoned until {self._cure()}"

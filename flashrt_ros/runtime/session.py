@@ -12,7 +12,7 @@ from flashrt_ros.cuda import ring as ring_kernel
 from flashrt_ros.cuda.copy import copy_io
 from flashrt_ros.errors import CapacityError
 from flashrt_ros.policies.base import Policy, StateEntry
-from flashrt_ros.runtime import fusecheck
+from flashrt_ros.runtime import fusecheck, purecheck
 from flashrt_ros.runtime.arena import Arena
 from flashrt_ros.runtime.flight import FlightRing, record
 from flashrt_ros.runtime.graph import StepPlan
@@ -22,7 +22,12 @@ from flashrt_ros.runtime.precompiled import PrecompiledSteps
 
 def raw_step(policy: Policy, obs, views, action, chunk, kind: int = 0) -> None:
     """The policy step of this kind. Its after_step and the engine-owned step counter follow
-    it, called by the caller outside any compiled code (see _plan)."""
+    it, called by the caller outside any compiled code (see _plan). The outputs are NaN until
+    the step writes them: an element a step leaves unwritten faults like a NaN (the Engine's
+    finite check) instead of sending the last tick's value, or the zeros the buffers start
+    with, to a robot (a policy author's review: `action = x` instead of `action.copy_(x)`)."""
+    action.fill_(float("nan"))
+    chunk.fill_(float("nan"))
     if kind == 0 and len(policy.tick_kinds) == 1:
         policy.step(obs, views, action, chunk)
     else:
@@ -108,6 +113,7 @@ class Session:
         encodings: dict[str, str] | None = None,
         precompiled: PrecompiledSteps | None = None,
         check_fused: bool = False,
+        check_pure: bool = False,
     ):
         """`flight_ticks` > 0 gives the session a flight ring of that many states (flight.py),
         allocated here, before the step is captured, and written by the captured step.
@@ -115,7 +121,9 @@ class Session:
         With `fuse`, `precompiled` (precompiled.py) loads or compiles-and-saves each tick kind's
         fused step ahead of time instead of torch.compile's tracing on first call. With
         `check_fused`, a fused step is first checked against the eager one (fusecheck.py);
-        when they differ, `fused_mismatch` says how and the step is captured unfused."""
+        when they differ, `fused_mismatch` says how and the step is captured unfused. With
+        `check_pure` (and the policy's probe_purity), the eager step is first checked to be a
+        function of the arena and the inputs alone (purecheck.py): BadRequest if not."""
         self.name = name
         self.arena = Arena(spec, device)
         self.views = self.arena.views
@@ -185,6 +193,8 @@ class Session:
         self._policy, self._ring, self._device, self._use_graph = policy, ring, device, use_graph
         self.fused_mismatch = ""  # why the fused step was not served (check_fused)
         plans = self._make_plans(fused)
+        if check_pure and policy.probe_purity:
+            self._check_pure(policy, plans.runs)
         if fused is not None and check_fused:
             self.fused_mismatch = self._check_fused(policy, plans.runs)
             if self.fused_mismatch:  # served from its eager kernels
@@ -231,6 +241,24 @@ class Session:
         with torch.no_grad():
             for fn in self._step_fns:
                 fn()
+
+    def _check_pure(self, policy: Policy, runs: list) -> None:
+        """purecheck.check_pure over this session's buffers (put back after), each tick kind's
+        eager step and after_step. Where the step function writes the flight ring itself, the
+        ring is put back too."""
+        keep = self._protect
+        if self._ring is not None and not self.ring_kernel:
+            keep = [*keep, self._ring]
+        outputs = {"the state": self.arena.buf, "action": self.action, "chunk": self.chunk}
+        purecheck.check_pure(
+            policy.policy_id,
+            range(len(policy.tick_kinds)),
+            lambda kind: runs[kind](False),
+            self.views,
+            outputs,
+            keep,
+            list(self.inputs.dev.values()),
+        )
 
     def _check_fused(self, policy: Policy, runs: list) -> str:
         """fusecheck.check_fused over this session's buffers, which are put back after. Where

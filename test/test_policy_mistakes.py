@@ -1,0 +1,145 @@
+"""What a policy author gets wrong, caught before a robot sees it (a policy author's review).
+
+Each case is a `Policy` subclass written the way the README describes, with one typical
+mistake. Before, every one of them served: outputs left unwritten went out as zeros, and
+state kept outside the arena made capsules, restores and resets continue differently while
+every checksum agreed. Now an unwritten output faults like a NaN at its step, and the Engine's
+build refuses a step that is not a function of its arena and inputs, naming the cause.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros.errors import BadRequest, StepFault
+from flashrt_ros.policies.base import Policy, StateEntry
+from flashrt_ros.runtime.engine import Engine
+
+OBS = np.random.default_rng(3).uniform(-0.5, 0.5, size=(4, 12)).astype(np.float32)
+
+
+class Gru(Policy):
+    """A correct policy: a float hidden state, written in place."""
+
+    policy_id = "test:mistakes"
+    obs_dim, action_dim, goal_dim, chunk_len = 12, 6, 6, 2
+
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.GRUCell(12, 6)
+
+    def state_spec(self) -> list[StateEntry]:
+        return [StateEntry("h", torch.float32, (1, 6), "recurrent")]
+
+    def new_h(self, obs, state) -> torch.Tensor:
+        return self.cell(obs, state["h"])
+
+    def step(self, obs, state, action, chunk) -> None:
+        h = self.new_h(obs, state)
+        state["h"].copy_(h)
+        action.copy_(h + 0.01 * state["goal"])
+        chunk.copy_(action.unsqueeze(1).expand_as(chunk))
+
+
+class ActionRebound(Gru):
+    def step(self, obs, state, action, chunk) -> None:
+        state["h"].copy_(self.new_h(obs, state))
+        action = state["h"].clone()  # noqa: F841 - the mistake: a new local, nothing written
+        chunk.copy_(state["h"].unsqueeze(1).expand_as(chunk))
+
+
+class ActionPartial(Gru):
+    def step(self, obs, state, action, chunk) -> None:
+        h = self.new_h(obs, state)
+        state["h"].copy_(h)
+        action[:, :3].copy_(h[:, :3])  # the mistake: joints 4-6 never written
+        chunk.copy_(h.unsqueeze(1).expand_as(chunk))
+
+
+class CounterAttribute(Gru):
+    def __init__(self):
+        super().__init__()
+        self.ticks = 0  # the mistake: state in a Python attribute
+
+    def step(self, obs, state, action, chunk) -> None:
+        self.ticks += 1
+        super().step(obs * self.ticks, state, action, chunk)
+
+
+class OwnBuffer(Gru):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.zeros(1, 6))  # the mistake: a buffer it updates
+
+    def step(self, obs, state, action, chunk) -> None:
+        self.bias.add_(0.1)
+        super().step(obs, state, action, chunk)
+        action.add_(self.bias)
+
+
+class StateReplaced(Gru):
+    def step(self, obs, state, action, chunk) -> None:
+        state["h"] = self.new_h(obs, state)  # the mistake: replaced, not written in place
+        action.copy_(state["h"])
+        chunk.copy_(action.unsqueeze(1).expand_as(chunk))
+
+
+class TorchNoise(Gru):
+    def step(self, obs, state, action, chunk) -> None:
+        super().step(obs + 0.01 * torch.randn_like(obs), state, action, chunk)
+
+
+class PythonNoise(Gru):
+    def step(self, obs, state, action, chunk) -> None:
+        super().step(obs * random.random(), state, action, chunk)
+
+
+class NoisyOptedOut(TorchNoise):
+    probe_purity = False  # the author's own call: its capsules continue only approximately
+
+
+def build(cls) -> Engine:
+    torch.manual_seed(0)
+    return Engine(cls().eval(), device="cpu", seed=1)
+
+
+def test_a_correct_policy_builds_and_continues_bit_for_bit_after_a_restore():
+    eng = build(Gru)
+    eng.step(OBS[0])
+    cap = eng.checkpoint()
+    first = [eng.step(o) for o in OBS[1:]]
+    eng.restore(cap.id)
+    assert np.array_equal(first, [eng.step(o) for o in OBS[1:]])
+
+
+@pytest.mark.parametrize("cls", [ActionRebound, ActionPartial])
+def test_an_output_left_unwritten_faults_instead_of_going_out_as_zeros(cls):
+    eng = build(cls)
+    with pytest.raises(StepFault, match="left unwritten"):
+        eng.step(OBS[0])
+    assert "non-finite action" in eng.poisoned("main")
+
+
+@pytest.mark.parametrize(
+    ("cls", "said"),
+    [
+        (CounterAttribute, "two steps from the same state and inputs differ in the state"),
+        (OwnBuffer, "differ in action"),
+        (TorchNoise, "draws randomness of its own"),
+        (PythonNoise, "draws randomness of its own"),
+        (StateReplaced, "replaced state 'h' instead of writing it in place"),
+    ],
+)
+def test_a_step_that_is_not_a_function_of_its_arena_is_refused_at_build(cls, said):
+    with pytest.raises(BadRequest, match=said) as e:
+        build(cls)
+    assert "test:mistakes" in str(e.value) and "state_spec" in str(e.value)
+
+
+def test_a_policy_may_opt_out_of_the_probe_for_kernels_that_are_not_deterministic():
+    eng = build(NoisyOptedOut)
+    assert eng.step(OBS[0]).shape == (6,)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flashrt_ros.errors import BadRequest, StepFault
-from flashrt_ros.policies.base import Policy, StateEntry
+from flashrt_ros.policies.base import InputSpec, Policy, StateEntry
 from flashrt_ros.runtime.engine import Engine
 
 OBS = np.random.default_rng(3).uniform(-0.5, 0.5, size=(4, 12)).astype(np.float32)
@@ -143,3 +143,63 @@ def test_a_step_that_is_not_a_function_of_its_arena_is_refused_at_build(cls, sai
 def test_a_policy_may_opt_out_of_the_probe_for_kernels_that_are_not_deterministic():
     eng = build(NoisyOptedOut)
     assert eng.step(OBS[0]).shape == (6,)
+
+
+class Declared(Gru):
+    """Gru with its declaration taken from the test: one mistake at a time."""
+
+    def __init__(self, spec=None, inputs=None, **attrs):
+        super().__init__()
+        self._spec, self._inputs = spec, inputs
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+    def state_spec(self):
+        return super().state_spec() if self._spec is None else self._spec
+
+    def input_spec(self):
+        return super().input_spec() if self._inputs is None else self._inputs
+
+
+@pytest.mark.parametrize(
+    ("kw", "said"),
+    [
+        (
+            {"spec": [StateEntry("h", torch.float32, (1, -6))]},
+            r"state_spec\(\)\[0\] \('h'\): shape",
+        ),
+        ({"spec": [StateEntry("h", "float32", (1, 6))]}, r"\('h'\): dtype must be a torch.dtype"),
+        ({"spec": [StateEntry("goal", torch.float32, (1, 6))]}, "a region the Engine adds"),
+        ({"spec": ("h", torch.float32)}, r"state_spec\(\)\[0\] is str"),
+        ({"action_dim": 0}, "action_dim must be an integer >= 1"),
+        (
+            {"obs_dim": 10, "inputs": [InputSpec("observation.state", (12,), "vector")]},
+            r"obs_dim is 10 but its input 'observation.state' has shape \(12,\)",
+        ),
+        ({"obs_dim": 10}, "its step fails on example inputs: RuntimeError: input has inconsis"),
+        (
+            {
+                "inputs": [
+                    InputSpec("observation.state", (12,), "vector"),
+                    InputSpec("observation.force", (3,), "vector"),
+                ]
+            },
+            "set takes_dict = True",
+        ),
+    ],
+)
+def test_a_declaration_that_does_not_hold_together_is_refused_naming_the_field(kw, said):
+    """Raw torch or Python errors before (a RuntimeError from the arena for a negative shape),
+    or nothing at all (a second vector input staged and never given to the step)."""
+    with pytest.raises(BadRequest, match=said):
+        Engine(Declared(**kw).eval(), device="cpu")
+
+
+def test_weights_kept_as_plain_tensor_attributes_are_warned_about(caplog):
+    """The engine fingerprint reads parameters and buffers: a capsule made with other values
+    of a plain tensor attribute loaded and restored unseen."""
+    p = Gru()
+    p.scale = torch.ones(6)  # the mistake: a weight that is not registered
+    with caplog.at_level("WARNING", logger="flashrt_ros.engine"):
+        Engine(p.eval(), device="cpu")
+    assert "tensor attribute(s) scale are neither parameters nor buffers" in caplog.text

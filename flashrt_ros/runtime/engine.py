@@ -56,6 +56,11 @@ from flashrt_ros.runtime.inputs import (
     wire_shape,
 )
 from flashrt_ros.runtime.latefuse import LateFuse
+from flashrt_ros.runtime.policy_checks import (
+    check_declaration,
+    check_inputs,
+    warn_unregistered_tensors,
+)
 from flashrt_ros.runtime.precompiled import PrecompiledSteps, step_key
 from flashrt_ros.runtime.probe import CheckpointProbe
 from flashrt_ros.runtime.session import Session, engine_entries
@@ -175,10 +180,13 @@ class Engine(CapsuleVerbs, FlightVerbs):
         if capsule_dir is not None and not isinstance(capsule_dir, str | Path):
             raise BadRequest(f"capsule_dir must be a path or None, got {capsule_dir!r}")
         self.obs_limit = limit_arg(obs_limit)
+        spec = check_declaration(policy)  # its sizes and state_spec (policy_checks.py)
         try:
             self.inputs = list(policy.input_spec())
         except ValueError as e:  # an InputSpec that does not hold together
             raise BadRequest(f"policy inputs: {e}") from e
+        check_inputs(policy, self.inputs)
+        warn_unregistered_tensors(policy)
         self.encodings = resolve_encodings(self.inputs, image_encodings)
         self._wire = {i.name: wire_shape(i, self.encodings.get(i.name)) for i in self.inputs}
         # the plain vector form (engine.step(vector)) serves a policy whose only input is a vector
@@ -212,7 +220,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self._late: LateFuse | None = None
         self._ticked = False  # a tick began (late fusing begins its build at the second)
         self.late_fuse = ""  # what became of late fusing, once it ended ("" before, or never)
-        self.spec = list(policy.state_spec()) + engine_entries(policy)
+        self.spec = spec + engine_entries(policy)
         rows, self.state_nbytes = plan_layout(self.spec)
         self.layout = layout_table(rows)
         self.fingerprint = fingerprint(

@@ -72,7 +72,14 @@ def check_pure(
                         t.copy_(s)
                     for t, s in zip(inputs, saved_inputs, strict=True):
                         t.copy_(s)
-                    run(kind)
+                    try:
+                        run(kind)
+                    except Exception as e:  # a step that cannot run: say so at build
+                        raise BadRequest(
+                            f"{policy_id}: its step"
+                            + (f" (tick kind {kind})" if kind else "")
+                            + f" fails on example inputs: {type(e).__name__}: {e}"
+                        ) from e
                 replaced = [n for n, v in views.items() if v is not before.get(n)]
                 if replaced:
                     raise BadRequest(

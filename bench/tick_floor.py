@@ -77,6 +77,10 @@ def capture(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(g, stream=stream):
         fn()
     torch.cuda.synchronize()
+    # The graph holds the addresses of the tensors fn's closure reads and writes, not the
+    # tensors: kept alive with it, or their memory goes back to the allocator while replays
+    # still write there (an illegal memory access in --split's first run, c1bc984).
+    g.keep = fn
     return g
 
 

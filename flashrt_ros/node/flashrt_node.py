@@ -500,6 +500,7 @@ class FlashrtNode(LifecycleNode):
             self._inputs.set_busy(True)  # the thread that steps polls while active (busy_wait)
         if self.cfg.trigger == "timer":
             self._started_late = False  # a new loop's first tick is on time
+            self._uncounted = False  # nor does it inherit a fault's copy (observation mode's)
             self._loop = TimerLoop(
                 self.cfg.rate_hz,
                 self._timer_tick,

@@ -127,7 +127,10 @@ def test_an_output_left_unwritten_faults_instead_of_going_out_as_zeros(cls):
 @pytest.mark.parametrize(
     ("cls", "said"),
     [
-        (CounterAttribute, "two steps from the same state and inputs differ in the state"),
+        (
+            CounterAttribute,
+            r"two steps from the same state \(step 0\) and inputs differ in the state",
+        ),
         (OwnBuffer, "differ in action"),
         (TorchNoise, "draws randomness of its own"),
         (PythonNoise, "draws randomness of its own"),
@@ -176,7 +179,12 @@ class Declared(Gru):
             {"obs_dim": 10, "inputs": [InputSpec("observation.state", (12,), "vector")]},
             r"obs_dim is 10 but its input 'observation.state' has shape \(12,\)",
         ),
-        ({"obs_dim": 10}, "its step fails on example inputs: RuntimeError: input has inconsis"),
+        ({"obs_dim": 10}, r"fails on the state at step 0 \(kind 0\) and example inputs: Runtime"),
+        (
+            {"spec": [StateEntry("h", torch.float32, (1, 6)), StateEntry("h", torch.int64, (1,))]},
+            r"state_spec\(\)\[0\]: the name 'h' is declared more than once",
+        ),
+        ({"spec": [StateEntry("h", torch.float32, (1, 6), "memory")]}, r"role must be one of"),
         (
             {
                 "inputs": [
@@ -195,11 +203,61 @@ def test_a_declaration_that_does_not_hold_together_is_refused_naming_the_field(k
         Engine(Declared(**kw).eval(), device="cpu")
 
 
-def test_weights_kept_as_plain_tensor_attributes_are_warned_about(caplog):
-    """The engine fingerprint reads parameters and buffers: a capsule made with other values
-    of a plain tensor attribute loaded and restored unseen."""
+def test_weights_outside_the_state_dict_are_warned_about(caplog):
+    """The engine fingerprint reads the state dict: a capsule made with other values of a
+    plain tensor attribute, or of a buffer registered with persistent=False, loaded and
+    restored unseen."""
     p = Gru()
     p.scale = torch.ones(6)  # the mistake: a weight that is not registered
+    p.cell.register_buffer("shift", torch.zeros(6), persistent=False)  # nor is this one
     with caplog.at_level("WARNING", logger="flashrt_ros.engine"):
         Engine(p.eval(), device="cpu")
-    assert "tensor attribute(s) scale are neither parameters nor buffers" in caplog.text
+    assert "tensor(s) scale, cell.shift are outside the state dict" in caplog.text
+
+
+def test_numpy_integer_sizes_are_taken():
+    """`obs_dim = np.prod(shape)` is a numpy integer: served before the checks, and still."""
+    eng = Engine(Declared(obs_dim=np.int64(12)).eval(), device="cpu")
+    assert eng.step(OBS[0]).shape == (6,)
+
+
+class PopAfterInfer(Gru):
+    """Two tick kinds: an infer every 4 ticks fills a queue and sets how many rows are left;
+    the pops in between read the queue at N - left. From the initial state (left 0) a pop
+    would index past the queue: the build's probe follows the policy's own order."""
+
+    tick_kinds = ("infer", "pop")
+    N = 4
+
+    def state_spec(self):
+        return [
+            *super().state_spec(),
+            StateEntry("queue", torch.float32, (1, self.N, 6)),
+            StateEntry("left", torch.int64, (1,)),
+        ]
+
+    def tick_kind(self, step: int) -> int:
+        return 0 if step % self.N == 0 else 1
+
+    def step_kind(self, kind, obs, state, action, chunk) -> None:
+        if kind == 0:
+            h = self.new_h(obs, state)
+            state["h"].copy_(h)
+            state["queue"].copy_(h[:, None] * torch.arange(1, self.N + 1)[None, :, None])
+        row = state["queue"].index_select(1, self.N - state["left"] if kind else state["left"])
+        action.copy_(row[:, 0])
+        chunk.copy_(row[:, :1].expand_as(chunk))
+
+    def after_step(self, kind, state, action, chunk) -> None:
+        if kind == 0:
+            state["left"].fill_(self.N - 1)
+        else:
+            state["left"].sub_(1)
+
+
+def test_the_probe_runs_a_policy_in_its_own_order_of_tick_kinds():
+    """The probe ran every kind from the initial state, where a pop indexes past the queue: a
+    valid policy was refused ("INDICES element is out of DATA bounds", core diff review)."""
+    eng = build(PopAfterInfer)
+    acts = [eng.step(o) for o in np.resize(OBS, (9, 12))]
+    assert np.isfinite(acts).all()

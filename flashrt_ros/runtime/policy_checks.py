@@ -10,11 +10,12 @@ never sees. Each is now a BadRequest naming the field, or a warning for the last
 from __future__ import annotations
 
 import logging
+import numbers
 
 import torch
 
 from flashrt_ros.errors import BadRequest
-from flashrt_ros.policies.base import Policy, StateEntry
+from flashrt_ros.policies.base import ROLES, Policy, StateEntry
 
 log = logging.getLogger("flashrt_ros.engine")
 
@@ -22,8 +23,8 @@ ENGINE_REGIONS = ("goal", "step", "meta")  # runtime/session.engine_entries adds
 
 
 def _count(policy: Policy, name: str, lo: int) -> int:
-    v = getattr(policy, name, None)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+    v = getattr(policy, name, None)  # numpy's integers too (obs_dim = np.prod(shape))
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
         raise BadRequest(
             f"{policy.policy_id}: {name} must be an integer >= {lo} (a class or instance "
             f"attribute of the policy), got {v!r}"
@@ -42,6 +43,7 @@ def check_declaration(policy: Policy) -> list[StateEntry]:
         raise BadRequest(f"{pid}: state_spec() is not written (a list of StateEntry)") from None
     if not isinstance(spec, list | tuple):
         raise BadRequest(f"{pid}: state_spec() must return a list of StateEntry, got {spec!r}")
+    names = [getattr(e, "name", None) for e in spec]
     for i, e in enumerate(spec):
         where = f"{pid}: state_spec()[{i}]"
         if not isinstance(e, StateEntry):
@@ -55,6 +57,10 @@ def check_declaration(policy: Policy) -> list[StateEntry]:
             )
         if not isinstance(e.dtype, torch.dtype):
             raise BadRequest(f"{where} ({e.name!r}): dtype must be a torch.dtype, got {e.dtype!r}")
+        if names.count(e.name) > 1:
+            raise BadRequest(f"{where}: the name {e.name!r} is declared more than once")
+        if e.role not in ROLES:
+            raise BadRequest(f"{where} ({e.name!r}): role must be one of {ROLES}, got {e.role!r}")
         shape = tuple(e.shape) if isinstance(e.shape, list | tuple) else None
         if shape is None or not all(type(d) is int and d >= 0 for d in shape):
             raise BadRequest(
@@ -84,19 +90,22 @@ def check_inputs(policy: Policy, inputs: list) -> None:
 
 
 def warn_unregistered_tensors(policy: Policy) -> list[str]:
-    """Tensor attributes that are neither parameters nor buffers, logged: the engine
-    fingerprint (weights_digest) reads parameters and buffers only, so a capsule of other such
-    weights would load and restore unseen."""
+    """Tensors outside the state dict, logged: plain tensor attributes and buffers registered
+    with persistent=False. The engine fingerprint (weights_digest) reads the state dict only, so
+    a capsule of other such weights would load and restore unseen."""
     found = []
     for prefix, m in policy.named_modules():
+        at = f"{prefix}." if prefix else ""
         for k, v in vars(m).items():
             if isinstance(v, torch.Tensor) and not k.startswith("_"):
-                found.append(f"{prefix}.{k}" if prefix else k)
+                found.append(at + k)
+        found += [at + k for k in getattr(m, "_non_persistent_buffers_set", ())]
     if found:
         log.warning(
-            "%s: tensor attribute(s) %s are neither parameters nor buffers: the engine "
-            "fingerprint does not cover them, so capsules of other values would load; register "
-            "them (register_buffer) if they are weights",
+            "%s: tensor(s) %s are outside the state dict (a plain attribute, or a buffer "
+            "registered with persistent=False): the engine fingerprint does not cover them, so "
+            "capsules of other values would load; register them (register_buffer, persistent) "
+            "if they are weights",
             policy.policy_id,
             ", ".join(found),
         )

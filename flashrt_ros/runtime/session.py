@@ -192,9 +192,9 @@ class Session:
         self._protect = [buf, *self.inputs.dev.values(), self.action, self.chunk]
         self._policy, self._ring, self._device, self._use_graph = policy, ring, device, use_graph
         self.fused_mismatch = ""  # why the fused step was not served (check_fused)
+        if check_pure and policy.probe_purity:  # eager, before anything is compiled
+            self._check_pure(policy)
         plans = self._make_plans(fused)
-        if check_pure and policy.probe_purity:
-            self._check_pure(policy, plans.runs)
         if fused is not None and check_fused:
             self.fused_mismatch = self._check_fused(policy, plans.runs)
             if self.fused_mismatch:  # served from its eager kernels
@@ -205,11 +205,11 @@ class Session:
             plan.capture(self._protect)
         self.use_plans(plans)
 
-    def _make_plans(self, fused, loaded_only: bool = False) -> PlanSet:
+    def _make_plans(self, fused, loaded_only: bool = False, with_ring: bool = True) -> PlanSet:
         """One StepPlan per tick kind, not yet captured; `fused`: the compiled step or None.
         `loaded_only`: a precompiled step must already be loaded (PrecompiledSteps.step)."""
         kinds = range(len(self._policy.tick_kinds))
-        made = [self._plan(self._policy, k, fused, loaded_only) for k in kinds]
+        made = [self._plan(self._policy, k, fused, loaded_only, with_ring) for k in kinds]
         return PlanSet(fused is not None, *(list(x) for x in zip(*made, strict=True)))
 
     def use_plans(self, plans: PlanSet) -> None:
@@ -242,21 +242,21 @@ class Session:
             for fn in self._step_fns:
                 fn()
 
-    def _check_pure(self, policy: Policy, runs: list) -> None:
-        """purecheck.check_pure over this session's buffers (put back after), each tick kind's
-        eager step and after_step. Where the step function writes the flight ring itself, the
-        ring is put back too."""
-        keep = self._protect
-        if self._ring is not None and not self.ring_kernel:
-            keep = [*keep, self._ring]
+    def _check_pure(self, policy: Policy) -> None:
+        """purecheck.check_pure over this session's buffers (put back after): each tick kind's
+        eager step and after_step, without the flight ring's write (not the policy's; on the
+        CPU a copy of the whole ring to put it back cost its size again, review)."""
+        runs = self._make_plans(None, with_ring=False).runs
         outputs = {"the state": self.arena.buf, "action": self.action, "chunk": self.chunk}
         purecheck.check_pure(
             policy.policy_id,
-            range(len(policy.tick_kinds)),
+            policy.tick_kind,
+            len(policy.tick_kinds),
             lambda kind: runs[kind](False),
+            lambda: self.views["step"].add_(1),
             self.views,
             outputs,
-            keep,
+            self._protect,
             list(self.inputs.dev.values()),
         )
 
@@ -286,12 +286,18 @@ class Session:
                     t.copy_(s)
 
     def _plan(
-        self, policy: Policy, kind: int, fused, loaded_only: bool = False
+        self,
+        policy: Policy,
+        kind: int,
+        fused,
+        loaded_only: bool = False,
+        with_ring: bool = True,
     ) -> tuple[StepPlan, Callable, Callable]:
         """The StepPlan of one tick kind: its step function over the static buffers and, with a
         graph, the uploads of the inputs it reads and the output downloads around it; with
-        the step function without IO and run(use_fused), the policy step alone."""
-        ring, device, use_graph = self._ring, self._device, self._use_graph
+        the step function without IO and run(use_fused), the policy step alone. `with_ring`
+        False leaves the flight ring's write out (the purity probe's plans)."""
+        ring, device, use_graph = self._ring if with_ring else None, self._device, self._use_graph
         views, action, chunk = self.views, self.action, self.chunk
         buf, table = self.arena.buf, self.table
         names = self.tick_names[kind]

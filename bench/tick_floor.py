@@ -110,16 +110,20 @@ def busy_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
 
         return fn
 
-    probe = capture(chain(16), stream)
+    per = replay_s(capture(chain(16), stream), wait) / 16
+    n = min(MAX_MATMULS, max(1, round(ms / 1e3 / per)))
+    return capture(chain(n), stream), n
+
+
+def replay_s(graph: torch.cuda.CUDAGraph, wait: Waiter) -> float:
+    """Median seconds of five replays of `graph`, each waited for."""
     t = []
     for _ in range(5):
         t0 = time.perf_counter()
-        probe.replay()
+        graph.replay()
         wait()
         t.append(time.perf_counter() - t0)
-    per = float(np.median(t)) / 16
-    n = min(MAX_MATMULS, max(1, round(ms / 1e3 / per)))
-    return capture(chain(n), stream), n
+    return float(np.median(t))
 
 
 def sleep_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
@@ -128,14 +132,9 @@ def sleep_graph(stream: torch.cuda.Stream, ms: float, wait: Waiter) -> tuple:
     def spin(cycles: int):
         return lambda: torch.cuda._sleep(cycles)
 
-    probe = capture(spin(1_000_000), stream)
-    t = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        probe.replay()
-        wait()
-        t.append(time.perf_counter() - t0)
-    cycles = max(1000, round(1_000_000 * ms / 1e3 / float(np.median(t))))
+    cycles = max(
+        1000, round(1_000_000 * ms / 1e3 / replay_s(capture(spin(1_000_000), stream), wait))
+    )
     return capture(spin(cycles), stream), cycles
 
 

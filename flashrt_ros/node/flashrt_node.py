@@ -980,6 +980,17 @@ class FlashrtNode(LifecycleNode):
             while time.monotonic() < publish_at:
                 pass
         marks[4] = time.monotonic()
+        if received is not None and (age := marks[4] - received) > self.cfg.obs_timeout_s:
+            # a step that ran long (a hung device, a stall): its command is as old as its
+            # observation, which is now stale; a 3 s step published a 3 s old command (review)
+            self._hold()
+            self._refuse(
+                f"late: the step took {(marks[3] - marks[2]) * 1e3:.0f} ms, so its joint_states "
+                f"were {age:.3f} s old at publish, older than obs_timeout_s="
+                f"{self.cfg.obs_timeout_s:g}: not published, the robot holds",
+                stepping=self._per_message,
+            )
+            return
         with self._out_lock:  # deactivated since the step (its hold sent): nothing goes out
             if not self.active:
                 return

@@ -42,3 +42,28 @@ def test_a_dropped_session_leaves_nothing_in_the_flight_record(ros):
         assert flight._rings["main"].get(main.steps, main.parent_id) is not None  # kept
     finally:
         flight.close()
+
+
+def test_a_cleanup_lets_the_engine_go(ros):
+    """The flight record held the last engine it saw: after a cleanup its arenas, pool and
+    flight rings stayed allocated until the next configure, though the node said "engine and
+    GPU memory freed" (core diff review). release() (the cleanup calls it) lets it go."""
+    import gc
+    import weakref
+
+    eng = Engine(tiny(), device="cpu", flight_ticks=8)
+    ctl = Control(LoopStats(), ros.node.get_logger(), lambda: None)
+    ctl.engine = eng
+    flight = FlightServices(ctl, ros.node, None)
+    try:
+        eng.step(np.zeros(eng.obs_dim, dtype=np.float32))
+        flight.tick(eng, "main")
+        gone = weakref.ref(eng)
+        ctl.engine = eng = None
+        gc.collect()
+        assert gone() is not None  # still held by the flight record
+        flight.release()
+        gc.collect()
+        assert gone() is None
+    finally:
+        flight.close()

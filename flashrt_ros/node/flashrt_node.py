@@ -678,6 +678,7 @@ class FlashrtNode(LifecycleNode):
             )
         elif fused:  # drop compiled code that holds the old policy's weights
             torch._dynamo.reset()
+        self.flight.release()  # its reference to the engine, too
         gc.unfreeze()  # what configure (and a build) froze may be garbage now: collect it,
         gc.collect()  # old engine and compiled code included, before the cache is emptied
         if torch.cuda.is_available():

@@ -292,6 +292,12 @@ class FlightServices:
         if eng is not self._engine:
             self._engine, self._rings, self._last = eng, {}, {}
 
+    def release(self) -> None:
+        """A cleanup: let go of the engine and its stamps, so its arenas, pool and rings are
+        freed with it (the node said "engine and GPU memory freed" while this reference kept
+        them until the next configure)."""
+        self._engine, self._rings, self._last = None, {}, {}
+
     def forget(self, eng, session: str) -> None:
         """The session's state was put elsewhere by a request (restore, branch, reset, a
         committed rollout; engine lock held): stamps of the steps after where it stands now

@@ -151,8 +151,6 @@ class Wanted:
     """An automatic dump that passed its checks (FlightServices._wanted_dump): where and within
     what bound its copy, taken at once, is written."""
 
-    session: str
-    reason: str
     wall: float  # time.time() when it was asked for: the folder's name
     fit: int  # the newest ticks that fit in the disk bound
     budget: int  # flight_dump_max_mb in bytes
@@ -639,7 +637,7 @@ class FlightServices:
             )
             return None
         self._last_auto = now
-        return Wanted(session, reason, time.time(), fit, budget, cfg.capsule_dir)
+        return Wanted(time.time(), fit, budget, cfg.capsule_dir)
 
     # -- the flight thread ------------------------------------------------------------------------
     def _work_forever(self) -> None:

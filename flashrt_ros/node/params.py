@@ -518,18 +518,25 @@ def checked_params_file(path: str) -> str:
     robot's, from a typo in the path)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"params_file:={path}: no such file")
-    import yaml
-
-    try:
-        with open(path) as f:
-            empty = yaml.safe_load(f) is None
-    except (OSError, yaml.YAMLError):
-        empty = False  # the node reads it with rcl and says what is wrong
-    if empty:
+    if _params_yaml(path) is None:
         raise ValueError(
             f"params_file:={path} is empty (or only comments): the node would run on its defaults"
         )
     return path
+
+
+_UNREADABLE = object()  # rcl reads such a file first and says what is wrong
+
+
+def _params_yaml(path: str):
+    """A params file's YAML document (None: empty or only comments), or _UNREADABLE."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return _UNREADABLE
 
 
 def _section_matches(key: str, fqn: str) -> bool:
@@ -544,16 +551,12 @@ def unmatched_params_files(argv: Sequence[str], fqn: str) -> list[str]:
     """A warning for each --params-file none of whose sections applies to the node `fqn`:
     rcl applies none of it and says nothing, so a file keyed `flashrt:` (which is /flashrt)
     for a node in a namespace left the node on its defaults, silently."""
-    import yaml
-
     out = []
     for a, path in ros_arg_options(argv):
         if a == "--params-file":
-            try:
-                with open(path) as f:
-                    doc = yaml.safe_load(f)
-            except (OSError, yaml.YAMLError):
-                continue  # rcl reads it first and says what is wrong
+            doc = _params_yaml(path)
+            if doc is _UNREADABLE:
+                continue
             if doc is None:  # empty or only comments: rcl takes it without a word
                 out.append(
                     f"params file {path} is empty (or only comments), so the node runs on its "

@@ -74,7 +74,7 @@ def _chunked_builtin(spec: str, weights, overrides: dict) -> Policy:
     size = kw.get("size", "sim")
     policy = ChunkedPolicy(module, policy_id=f"{spec}/{size}", check_pure=False)
     # pure by construction, and the Engine's probe would run whole denoising loops eagerly at
-    # every build (two lerobot-100 inferences: ~1.7 s on the H200)
+    # every build (two eager lerobot-100 inferences: 2 x 0.83 s on the H200, latest.md)
     policy.probe_purity = False
     return policy.eval()
 

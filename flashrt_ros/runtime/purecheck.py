@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from flashrt_ros.errors import BadRequest, CapacityError
+from flashrt_ros.runtime.fusecheck import MAX_TICKS
 
 HOW = (
     "a step may depend only on the arena (its state_spec) and its inputs: keep every state in "
@@ -45,9 +46,6 @@ def example_inputs(inputs: list[torch.Tensor]) -> None:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(-1).view(torch.uint8)
-
-
-MAX_TICKS = 256  # as fusecheck: a chunked policy's first re-inference comes that far in
 
 
 def check_pure(

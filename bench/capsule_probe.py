@@ -44,7 +44,17 @@ def main() -> int:
         help="spend the gap spinning instead of sleeping (a busy core: cold caches without the "
         "idle core's wake-up)",
     )
+    ap.add_argument(
+        "--six-nodes",
+        action="store_true",
+        help="the probe's older pass: a graph of six nodes (memset, checksum, finite, the two "
+        "slot copies and the readback's copy) instead of the one kernel",
+    )
     a = ap.parse_args()
+    if a.six_nodes:
+        from flashrt_ros.runtime import probe as probe_mod
+
+        probe_mod.ONE_KERNEL = False
     eng = Engine(load_policy(a.policy), device=a.device, fuse=a.fuse)
     spec = eng.observation_spec()
     obs = {k: np.zeros(v["shape"], np.float32) for k, v in spec.items() if v["kind"] == "vector"}
@@ -119,6 +129,9 @@ def main() -> int:
         "device": str(eng.device),
         "state_bytes": eng.state_nbytes,
         "pass_fills_slot": bool(eng._probe_of(s).fused),
+        "pass": "one kernel"
+        if eng._probe_of(s)._one is not None
+        else ("six nodes" if eng._probe_of(s).fused else "torch"),
         "gap_ms": a.gap_ms,
         "gap": "spin" if a.gap_spin else "sleep",
         "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},

@@ -246,6 +246,91 @@ def test_finite_kernel_flags_each_region_of_each_float_dtype(dtype):
             r.copy_(old)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_one_kernel_pass_digests_flags_and_fills_the_slot(dtype):
+    """The checkpoint's pass as one kernel (frt_probe), launched again and again on one
+    accumulator it leaves zeroed: each launch gives the reference digest of the bytes in both
+    the device result and the mapped pinned readback, a flag for exactly the region holding a
+    NaN or Inf, and, given a slot and a digest row, a byte-exact copy and the digest there;
+    without them it writes nothing but its results."""
+    import torch
+
+    from flashrt_ros.capsules.checksum import _LANES, reference_digest
+    from flashrt_ros.cuda import kernels
+    from flashrt_ros.cuda.driver import stream
+
+    dt = getattr(torch, dtype)
+    buf = torch.zeros(8192, dtype=torch.uint8, device="cuda")
+    buf.view(torch.int32).copy_(torch.randint(-(2**31), 2**31 - 1, (2048,), dtype=torch.int32))
+    counts = (7, 100, 1, 33)
+    regions = [buf[k * 1024 : k * 1024 + n * dt.itemsize].view(dt) for k, n in enumerate(counts)]
+    for r in regions:
+        r.fill_(1.5)
+    table = torch.tensor(
+        [(k * 1024, n, kernels.FINITE_KINDS[dt]) for k, n in enumerate(counts)],
+        dtype=torch.int64,
+        device="cuda",
+    )
+    kernels.function(0, _LANES)
+    assert kernels.probe_ready(0)
+    n = 2 + len(counts)
+    acc = torch.zeros(n + 1, dtype=torch.int64, device="cuda")
+    out = torch.zeros(n, dtype=torch.int64, device="cuda")
+    host = torch.zeros(n, dtype=torch.int64, pin_memory=True)
+    host_ptr = kernels.host_device_pointer(host)
+    assert host_ptr is not None, "pinned memory is not mapped for the device"
+    slab = torch.zeros((2, buf.numel()), dtype=torch.uint8, device="cuda")
+    rows = torch.zeros((2, 2), dtype=torch.int64, device="cuda")
+
+    def run(slot: int | None) -> list[int]:
+        host.zero_()
+        s, r = (None, None) if slot is None else (slab[slot], rows[slot].view(torch.uint8))
+        kernels.launch_probe(buf, table, max(counts), acc, out, host_ptr, s, r, stream(0))
+        torch.cuda.synchronize()
+        assert acc.tolist() == [0] * (n + 1), "the accumulator is left zeroed"
+        assert host.tolist() == out.tolist()
+        return host.tolist()
+
+    for k in (None, 0, 1, None):
+        got = run(k)
+        assert got[:2] == reference_digest(buf).tolist() and got[2:] == [0, 0, 0, 0]
+    assert torch.equal(slab[0], buf) and torch.equal(slab[1], buf)
+    assert rows.tolist() == [reference_digest(buf).tolist()] * 2
+    slab.zero_()
+    for value, where in ((math.nan, 0), (math.inf, -1), (-math.inf, 50)):
+        for k, r in enumerate(regions):
+            old = r.clone()
+            r[min(where, r.numel() - 1) if where >= 0 else where] = value
+            got = run(None)
+            assert got[2:] == [int(i == k) for i in range(len(counts))], (value, k)
+            assert got[:2] == reference_digest(buf).tolist()
+            r.copy_(old)
+    assert int(slab.count_nonzero()) == 0, "no slot given: none written"
+
+
+def test_checkpoint_pass_is_one_kernel_and_matches_the_six_node_graph(monkeypatch):
+    """An Engine's checkpoint probe on the H200 is the one kernel, and the older graph of six
+    nodes (its fallback) gives the same checksum, slot bytes and digest row for the same state."""
+    import torch
+
+    from flashrt_ros.runtime import probe as probe_mod
+
+    eng = _cuda_engine(capsule_slots=4)
+    assert eng._probes["main"]._one is not None
+    one = eng.checkpoint()
+    monkeypatch.setattr(probe_mod, "ONE_KERNEL", False)
+    eng.create_session("alt")
+    eng.copy_session("main", "alt")
+    six = eng.checkpoint("alt")
+    assert eng._probes["alt"]._one is None and eng._probes["alt"].fused
+    assert one.checksum == six.checksum
+    a, b = eng.pool.get(one.id), eng.pool.get(six.id)
+    assert torch.equal(eng.pool.slab[a.slot], eng.pool.slab[b.slot])
+    assert torch.equal(a.digest, b.digest)
+    for cid in (one.id, six.id):
+        assert eng.restore(cid, "alt", verify=True).checksum == one.checksum
+
+
 def test_checkpoint_with_a_full_pool_evicts_and_restores_on_cuda():
     """No free slot: the pass checks, then the pool evicts the least recently used capsule and
     copies (the path without the slot in the pass); every kept capsule restores verified."""

@@ -84,6 +84,74 @@ extern "C" __global__ void frt_finite(const unsigned char* __restrict__ base,
         if (__syncthreads_or(hit) && threadIdx.x == 0) bad[r] = 1ull;
     }
 }
+// A checkpoint's whole pass in one kernel: the digest of w's n words (as frt_checksum), a
+// NaN/Inf flag per region (as frt_finite), the words copied into `slot` and the digest into
+// `row` when given (else null), and the results [lane 0, lane 1, flag...] written both to `out`
+// (device) and to `host` (mapped pinned memory: no copy node). `acc` ([lanes, flags, count],
+// zero before the first launch) gathers the blocks' parts; the last block to finish reads and
+// zeroes it, so the next launch needs no memset.
+extern "C" __global__ void frt_probe(const unsigned int* __restrict__ w, unsigned long long n,
+                                     const long long* __restrict__ table, int nreg,
+                                     unsigned int* slot, unsigned long long* row,
+                                     unsigned long long* acc, unsigned long long* out,
+                                     unsigned long long* host) {
+    unsigned long long a0 = 0, a1 = 0;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (unsigned long long i = t; i < n; i += stride) {
+        unsigned int v = __ldg(w + i);
+        if (slot) slot[i] = v;
+        a0 += mix(v, i, LANE0_M1, LANE0_M2);
+        a1 += mix(v, i, LANE1_M1, LANE1_M2);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a0 += __shfl_down_sync(0xffffffffu, a0, o);
+        a1 += __shfl_down_sync(0xffffffffu, a1, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(acc, a0);
+        atomicAdd(acc + 1, a1);
+        __threadfence();
+    }
+    const unsigned char* base = (const unsigned char*)w;
+    for (int r = 0; r < nreg; ++r) {
+        long long off = table[3 * r], cnt = table[3 * r + 1], kind = table[3 * r + 2];
+        int hit = 0;
+        if (kind == 0) {
+            const unsigned int* p = (const unsigned int*)(base + off);
+            for (long long i = (long long)t; i < cnt; i += (long long)stride)
+                hit |= (__ldg(p + i) & 0x7f800000u) == 0x7f800000u;
+        } else if (kind == 1) {
+            const unsigned long long* p = (const unsigned long long*)(base + off);
+            for (long long i = (long long)t; i < cnt; i += (long long)stride)
+                hit |= (__ldg(p + i) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        } else {
+            const unsigned short m = kind == 2 ? 0x7c00 : 0x7f80;
+            const unsigned short* p = (const unsigned short*)(base + off);
+            for (long long i = (long long)t; i < cnt; i += (long long)stride)
+                hit |= (__ldg(p + i) & m) == m;
+        }
+        if (__syncthreads_or(hit) && threadIdx.x == 0) acc[2 + r] = 1ull;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(acc + 2 + nreg, 1ull) == (unsigned long long)gridDim.x - 1) {
+            __threadfence();
+            for (int k = 0; k < 2 + nreg; ++k) {
+                unsigned long long v = atomicExch(acc + k, 0ull);
+                out[k] = v;
+                host[k] = v;
+            }
+            if (row) {
+                row[0] = out[0];
+                row[1] = out[1];
+            }
+            acc[2 + nreg] = 0ull;
+            __threadfence_system();
+        }
+    }
+}
 """
 FINITE_KINDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
@@ -93,9 +161,17 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _funcs: dict[int, object] = {}  # device index -> checksum CUfunction (None: compile failed)
 _finite: dict[int, object] = {}  # device index -> finite-check CUfunction, built with it
+_probe: dict[int, object] = {}  # device index -> the one-kernel checkpoint pass, built with it
 _blocks: dict[int, int] = {}
 _ARGTYPES = (ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
 _FINITE_ARGTYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+_PROBE_ARGTYPES = (
+    ctypes.c_void_p,
+    ctypes.c_ulonglong,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    *(ctypes.c_void_p,) * 5,
+)
 
 
 def build(index: int, source: str, name: str) -> object:
@@ -141,7 +217,7 @@ def _compile(index: int, lanes: tuple) -> tuple:
     src = SOURCE
     for k, (m1, m2) in enumerate(lanes):
         src = src.replace(f"LANE{k}_M1", f"{m1}ull").replace(f"LANE{k}_M2", f"{m2}ull")
-    return build_all(index, src, ("frt_checksum", "frt_finite"))
+    return build_all(index, src, ("frt_checksum", "frt_finite", "frt_probe"))
 
 
 def function(index: int, lanes: tuple):
@@ -149,13 +225,14 @@ def function(index: int, lanes: tuple):
     if index not in _funcs:
         with _lock:
             if index not in _funcs:
-                funcs = (None, None)
+                funcs = (None, None, None)
                 if _drv is not None and _nvrtc is not None:
                     try:
                         funcs = _compile(index, lanes)
                     except Exception as e:  # report once, use the torch path
                         log.warning("checksum kernel unavailable (%s); using torch ops", e)
                 _finite[index] = funcs[1]
+                _probe[index] = funcs[2]
                 _funcs[index] = funcs[0]
     return _funcs[index]
 
@@ -198,3 +275,58 @@ def launch_finite(buf: torch.Tensor, table: torch.Tensor, most: int, bad: torch.
         _drv.cuLaunchKernel(_finite[index], grid, 1, 1, THREADS, 1, 1, 0, h, params, 0),
         "cuLaunchKernel",
     )
+
+
+def probe_ready(index: int) -> bool:
+    """Whether launch_probe works on this device (after function() was called there)."""
+    return _probe.get(index) is not None
+
+
+def launch_probe(
+    buf: torch.Tensor,
+    table: torch.Tensor,
+    most: int,
+    acc: torch.Tensor,
+    out: torch.Tensor,
+    host_ptr: int,
+    slot: torch.Tensor | None,
+    row: torch.Tensor | None,
+    h,
+) -> None:
+    """A checkpoint's pass as one kernel (frt_probe): `out` (int64 [2 + R] on the device) and
+    the pinned memory at device address `host_ptr` <- [digest lanes, a NaN/Inf flag per region
+    of `table` (as launch_finite)], and, when given, `slot` <- buf and `row` (16 bytes) <- the
+    digest. `acc` (int64 [3 + R], zero before the first launch) is left zero for the next one.
+    On driver stream `h` (capturable); the caller checked probe_ready."""
+    index = buf.get_device()
+    n = buf.numel() // 4
+    work = max(n, most)
+    grid = max(1, min(4 * sm_count(index), (work + THREADS - 1) // THREADS))
+    args = (
+        buf.data_ptr(),
+        n,
+        table.data_ptr(),
+        table.shape[0],
+        0 if slot is None else slot.data_ptr(),
+        0 if row is None else row.data_ptr(),
+        acc.data_ptr(),
+        out.data_ptr(),
+        host_ptr,
+    )
+    _check(
+        _drv.cuLaunchKernel(
+            _probe[index], grid, 1, 1, THREADS, 1, 1, 0, h, (args, _PROBE_ARGTYPES), 0
+        ),
+        "cuLaunchKernel",
+    )
+
+
+def host_device_pointer(host: torch.Tensor) -> int | None:
+    """The device address of pinned host memory (mapped, as pinned memory is under unified
+    addressing), or None where the driver gives none: then the caller copies instead."""
+    try:
+        return int(
+            _check(_drv.cuMemHostGetDevicePointer(host.data_ptr(), 0), "cuMemHostGetDevicePointer")
+        )
+    except Exception:  # noqa: BLE001 - not mapped, or no driver: the copy path
+        return None

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from flashrt_ros.capsules import diskfmt
+from flashrt_ros.errors import BadName, UnknownReference
 from test.engine_util import make_engine, observations
 
 OBS = observations(300, seed=21)
@@ -198,9 +199,9 @@ def test_persisted_ids_never_overwrite_files_and_drop_removes_only_its_own(tmp_p
     info = eng.checkpoint(persist=True)
     assert info.id != "c0001" and (tmp_path / f"{info.id}.fcap").exists()
     assert (tmp_path / "c0001.fcap").read_bytes() == b"somebody else's"
-    eng.checkpoint(name="loose")  # not persisted: its drop must not touch loose.fcap
-    eng.drop("loose")
-    assert (tmp_path / "loose.fcap").exists()
+    with pytest.raises(BadName, match="loose.fcap exists in capsule_dir and holds the name"):
+        eng.checkpoint(name="loose")  # the file holds the name, whatever is in it
+    assert (tmp_path / "loose.fcap").read_bytes() == b"not ours either"
     eng.drop(info.id)
     assert not (tmp_path / f"{info.id}.fcap").exists()
 
@@ -273,3 +274,53 @@ def test_two_nodes_making_one_missing_capsule_dir_at_once_both_start(tmp_path):
         for p in procs:
             p.join()
         assert got == ["ok", "ok"] and d.is_dir(), (r, got)
+
+
+def test_an_evicted_persisted_capsule_keeps_its_name_held(tmp_path):
+    """A persisted 'x' evicted from a full pool left its name free: a plain checkpoint took
+    'x' at another step, and after a restart (or a load of x.fcap) 'x' meant the old state. The
+    file holds the name until it goes; loading that file gives it back, and its drop frees it."""
+    eng = make_engine(capsule_slots=2, capsule_dir=tmp_path)
+    run(eng, OBS[:1])
+    old = eng.checkpoint(name="x", persist=True)
+    run(eng, OBS[1:3])
+    eng.checkpoint()
+    eng.checkpoint()  # x is evicted; x.fcap stays
+    assert "x" not in [c.name for c in eng.capsules()]
+    for call in (lambda: eng.checkpoint(name="x"), lambda: eng.checkpoint(name="x", persist=True)):
+        with pytest.raises(BadName, match="x.fcap exists in capsule_dir and holds the name 'x'"):
+            call()
+    back = eng.load_capsule(tmp_path / "x.fcap")
+    assert back.name == "x" and back.step == old.step and back.checksum == old.checksum
+    eng.drop("x")  # removes x.fcap: the name is free again
+    assert not (tmp_path / "x.fcap").exists()
+    assert eng.checkpoint(name="x").step == 3
+
+
+def test_a_file_copied_in_under_another_name_never_takes_an_issued_id(tmp_path):
+    """Another robot's c0001, copied into capsule_dir as from_robot2.fcap, kept its id at the
+    next start although this folder's first run had issued c0001 (not persisted) to its own
+    planner: restore('c0001') then brought another robot's state. At the start's reload only a
+    file under the name a persist gives it keeps an id; this one comes back under a fresh id.
+    A persisted capsule of the earlier run keeps its id across the restart."""
+    mine = tmp_path / "mine"
+    other = tmp_path / "other"
+    a = make_engine(capsule_dir=mine)
+    run(a, OBS[:2])
+    issued = a.checkpoint()  # c0001, kept by a planner, never persisted
+    kept = a.checkpoint(name="kept", persist=True)
+    del a
+    b = make_engine(capsule_dir=other)
+    run(b, OBS[:7])
+    foreign = b.checkpoint(persist=True)
+    assert foreign.id == issued.id == "c0001"
+    (mine / "from_robot2.fcap").write_bytes((other / "c0001.fcap").read_bytes())
+    del b
+    again = make_engine(capsule_dir=mine)
+    by_id = {c.id: c for c in again.capsules()}
+    assert "c0001" not in by_id
+    assert by_id[kept.id].name == "kept" and by_id[kept.id].checksum == kept.checksum
+    [copied] = [c for c in again.capsules() if c.checksum == foreign.checksum]
+    assert copied.id not in (issued.id, kept.id) and copied.step == 7
+    with pytest.raises(UnknownReference):
+        again.restore("c0001")

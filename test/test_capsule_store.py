@@ -293,7 +293,10 @@ def test_7_drop_removes_a_renamed_file(tmp_path):
     os.rename(tmp_path / "c0002.fcap", tmp_path / "renamed2.fcap")
     again = make_engine(capsule_dir=tmp_path)
     again.drop("foo")
-    again.drop("c0002")
+    # renamed by hand, it comes back under a fresh id (test_capsule_files.py says why)
+    [moved] = [c for c in again.capsules() if c.name == ""]
+    assert moved.id not in ("c0001", "c0002")
+    again.drop(moved.id)
     assert names_in(tmp_path) == []
     assert make_engine(capsule_dir=tmp_path).capsules() == []
 

@@ -190,12 +190,24 @@ class CapsuleStore:
         """Whether a capsule loaded from `path` may keep the id `cid`: not when another file is
         named for that id or held by it (dropping the capsule would remove that file)."""
         owned = self._files.get(cid)
-        if owned is not None and not _same(owned.path, Path(path)):
+        if owned is not None and not same_file(owned.path, Path(path)):
             return False
         if self.folder is None:
             return True
         own = self.folder / f"{cid}{diskfmt.SUFFIX}"
-        return not os.path.lexists(own) or _same(own, Path(path))
+        return not os.path.lexists(own) or same_file(own, Path(path))
+
+    def named_file(self, name: str) -> Path | None:
+        """capsule_dir's file for the capsule name `name` (`<name>.fcap`), when there is one:
+        while it exists the name stays held, even with its capsule out of the pool."""
+        if self.folder is None:
+            return None
+        path = self.folder / f"{name}{diskfmt.SUFFIX}"
+        return path if os.path.lexists(path) else None
+
+    def in_folder(self, path: Path) -> bool:
+        """Whether `path` is a file of capsule_dir itself."""
+        return self._in_folder(Path(path))
 
     def _in_folder(self, path: Path) -> bool:
         if self.folder is None:
@@ -228,14 +240,20 @@ class CapsuleStore:
         if owned is not None and owned.still_holds(info):
             owned.path.unlink(missing_ok=True)
 
-    def adopt(self, path: str | Path, info: CapsuleInfo) -> None:
+    def adopt(
+        self, path: str | Path, info: CapsuleInfo, live: Callable[[str], bool] = lambda c: True
+    ) -> None:
         """A capsule just loaded from a file of capsule_dir lives in that file from now on
-        (drop removes it), unless another capsule already does."""
+        (drop removes it), unless another capsule that `live(id)` says is in the pool already
+        does: the file of an evicted capsule, loaded again, is the loaded capsule's."""
         path = Path(path)
         if not self._in_folder(path) or path.name.startswith("."):
             return
-        if any(_same(o.path, path) for o in self._files.values()):
-            return
+        for cid, owned in list(self._files.items()):
+            if same_file(owned.path, path):
+                if live(cid):
+                    return
+                del self._files[cid]
         self._files[info.id] = _Owned(path, info.stamp, info.checksum)
 
     def remove(self, info: CapsuleInfo) -> None:
@@ -260,7 +278,7 @@ class CapsuleStore:
 
     def owner(self, path: Path) -> str | None:
         """The id of the capsule whose file `path` is (persisted or loaded from it), if any."""
-        return next((c for c, o in self._files.items() if _same(o.path, path)), None)
+        return next((c for c, o in self._files.items() if same_file(o.path, path)), None)
 
     def forget(self, stem: str) -> None:
         """The file `<stem>.fcap` was removed (a drop by its name): its id and name are free."""
@@ -359,7 +377,8 @@ def check_path(path: object) -> Path:
     return p
 
 
-def _same(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths are one file (False when either is missing)."""
     try:
         return os.path.samefile(a, b)
     except OSError:

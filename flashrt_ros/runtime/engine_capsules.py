@@ -22,7 +22,7 @@ from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import CAPSULE_NAME, check_capsule_name, is_issued_id
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
-from flashrt_ros.capsules.store import CapsuleStore, check_path
+from flashrt_ros.capsules.store import CapsuleStore, check_path, same_file
 from flashrt_ros.cuda.copy import copy_bytes
 from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, UnknownReference
 from flashrt_ros.runtime.args import bool_arg, ref_arg
@@ -153,10 +153,22 @@ class CapsuleVerbs:
             )
         return s, name or "", pin
 
-    def _check_new_name(self, name: str) -> None:
+    def _check_new_name(self, name: str, loading: Path | None = None) -> None:
+        """BadName unless `name` may name a new capsule: none in the pool, none being
+        persisted, and no file of capsule_dir under it (an evicted persisted capsule's, or one
+        not loaded at start: its name stays held until the file goes) other than `loading`."""
         self.pool.check_new(name)
-        if name and name in self._persisting.values():
+        if not name:
+            return
+        if name in self._persisting.values():
             raise BadName(f"capsule name {name!r} is taken by a checkpoint being written")
+        held = self.store.named_file(name)
+        if held is not None and (loading is None or not same_file(held, loading)):
+            raise BadName(
+                f"capsule file {held.name} exists in capsule_dir and holds the name {name!r} "
+                "(a persisted capsule evicted from the pool, or not loaded at start); pick "
+                "another name, or load_capsule that file and drop it"
+            )
 
     def write_persist(self, p: PendingPersist) -> None:
         """The file of a begun persist (no engine lock needed: it reads only `p`); BadName or
@@ -415,13 +427,18 @@ class CapsuleVerbs:
         Not used up here: the caller claims it once the pool took the capsule."""
         return self.pool.peek_id(lambda cid: self.store.id_taken(cid) or cid in self._persisting)
 
-    def _file_id(self, cid: object, path: Path) -> str:
+    def _file_id(self, cid: object, path: Path, name: str = "") -> str:
         """The id a loaded file keeps: its own when it is one we could have issued, no live
         capsule has it and no other file of capsule_dir is named for it (drop would remove
-        that file); else a fresh one. Outside the start's reload it must also be an id this
-        engine has not issued yet: one issued and dropped may still be in a planner's hands."""
+        that file); else a fresh one. It must also be an id this engine has not issued yet
+        (one issued and dropped may still be in a planner's hands), except for the start's
+        reload of a file under the name a persist gives it (`<name>.fcap`, `<id>.fcap`): an
+        earlier run's persisted capsule keeps the id its planner kept, while a file copied in
+        under another name (another robot's `c0001`, say) never takes an id an earlier run
+        issued for something else."""
         if is_issued_id(cid) and cid not in self.pool.caps and self.store.may_keep_id(cid, path):
-            if self._reloading or int(cid[1:]) >= self.pool.next_number():
+            own = Path(path).stem in (cid, name) and self.store.in_folder(Path(path))
+            if (self._reloading and own) or int(cid[1:]) >= self.pool.next_number():
                 return cid
         return self._fresh_id()
 
@@ -434,15 +451,18 @@ class CapsuleVerbs:
             raise BadName(f"capsule name must be a string or None, got {name!r}")
         if name:
             check_capsule_name(name)
-            self.pool.check_name_free(name)
+            self._check_new_name(name)
         header, host = self.store.read(path)
         label = header["name"] if name is None else name
         if label:
             check_capsule_name(label)
-            self.pool.check_name_free(label)
+            try:
+                self._check_new_name(label, path)
+            except BadName as e:
+                raise BadName(f"{path}: {e} (or load it under another name: name=...)") from None
         if header["pinned"]:
             self.pool.require_room(f" ({path}: a pinned capsule needs a slot)")
-        cid = self._file_id(header["id"], path)
+        cid = self._file_id(header["id"], path, header["name"])
         cap = self.pool.put(
             host.to(self.device),
             name=label,
@@ -456,5 +476,5 @@ class CapsuleVerbs:
         self.pool.claim_id(cid)
         self._report_evictions()
         info = self.pool.info(cap)
-        self.store.adopt(path, info)
+        self.store.adopt(path, info, live=self.pool.caps.__contains__)
         return info

@@ -215,6 +215,21 @@ def test_weights_outside_the_state_dict_are_warned_about(caplog):
     assert "tensor(s) scale, cell.shift are outside the state dict" in caplog.text
 
 
+@pytest.mark.parametrize("spec", ["builtin:hybrid", "builtin:act", "builtin:diffusion"])
+def test_the_builtins_are_not_warned_about_their_config_tensors(spec):
+    """The built-ins keep index ranges, schedules and grids computed from their configuration
+    outside the state dict (the policy id covers them), named in `derived_buffers`: every start
+    of the default node warned the user to register them as weights. A tensor not named there
+    is still warned about."""
+    from flashrt_ros import load_policy
+    from flashrt_ros.runtime.policy_checks import warn_unregistered_tensors
+
+    p = load_policy(spec)
+    assert warn_unregistered_tensors(p) == []
+    p.stray = torch.ones(3)
+    assert warn_unregistered_tensors(p) == ["stray"]
+
+
 def test_numpy_integer_sizes_are_taken():
     """`obs_dim = np.prod(shape)` is a numpy integer: served before the checks, and still."""
     eng = Engine(Declared(obs_dim=np.int64(12)).eval(), device="cpu")

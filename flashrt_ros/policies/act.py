@@ -174,6 +174,9 @@ class ChainReadout(nn.Module):
     follow: link i points along (-sin, -cos) of theta_i = q_0 + ... + q_i, so q_i is the wrapped
     difference of successive link directions. Pure: convs, softmax, atan2, no branching."""
 
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("grid",)
+
     def __init__(self, n: int, image_hw, channels, strides):
         super().__init__()
         self.n = n
@@ -200,6 +203,9 @@ class ACTPolicy(nn.Module):
     """See the module docstring. Normalization lives in buffers: ``state_mean/std``,
     ``image_mean/std`` (ImageNet's by default, as LeRobot's ACT), ``action_mean/std``
     (per chunk step; added to the current joint positions when ``relative_actions``)."""
+
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("image_pos",)
 
     name = "act"
 

@@ -92,6 +92,9 @@ class ChunkedPolicy(Policy):
     this tick's action; without ensembling rows past the end of the latest chunk repeat its
     last action (hold); with ensembling it is the blended plan."""
 
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("rows", "obs_t", "ens_w", "ens_cum", "noise_lanes")
+
     takes_dict = True
 
     def __init__(

@@ -243,6 +243,9 @@ class DiffusionPolicy(nn.Module):
     and ``action_mean/scale`` mapping the [-1, 1] diffusion space to actions (added to the
     current joint positions when ``relative_actions``)."""
 
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("alphas_cumprod", "ddim_t", "ddim_coef")
+
     name = "diffusion"
     # What the Engine compiles when it fuses: the UNet alone, compiled once and called K times
     # a tick, not the whole step (its unrolled denoising loop takes inductor minutes at the

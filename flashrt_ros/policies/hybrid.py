@@ -42,6 +42,9 @@ class HybridConfig:
 
 
 class _Block(nn.Module):
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("slopes",)
+
     def __init__(self, d: int, n_heads: int):
         super().__init__()
         self.ln1 = nn.LayerNorm(d)
@@ -55,6 +58,9 @@ class _Block(nn.Module):
 
 class HybridPolicy(Policy):
     """See the module docstring. `step` works on any leading batch size sharing one step counter."""
+
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("ring_idx", "chunk_idx", "noise_lanes")
 
     def __init__(self, config: HybridConfig | None = None):
         super().__init__()

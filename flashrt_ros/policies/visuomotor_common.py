@@ -262,6 +262,9 @@ class SpatialSoftmax(nn.Module):
     """Keypoints as Diffusion Policy reads them: a 1x1 conv to ``num_kp`` maps, a softmax over
     the pixels of each, and the expected (x, y) of each map: (B, C, H, W) -> (B, num_kp, 2)."""
 
+    # outside the state dict, computed from the config (policy_checks.py)
+    derived_buffers = ("grid",)
+
     def __init__(self, c_in: int, hw: tuple[int, int], num_kp: int = 32):
         super().__init__()
         self.kp = nn.Conv2d(c_in, num_kp, 1)

@@ -92,14 +92,18 @@ def check_inputs(policy: Policy, inputs: list) -> None:
 def warn_unregistered_tensors(policy: Policy) -> list[str]:
     """Tensors outside the state dict, logged: plain tensor attributes and buffers registered
     with persistent=False. The engine fingerprint (weights_digest) reads the state dict only, so
-    a capsule of other such weights would load and restore unseen."""
+    a capsule of other such weights would load and restore unseen. A module names those it
+    computes from its configuration (which the policy id covers: index ranges, schedules) in
+    its class attribute `derived_buffers`; they are not warned about."""
     found = []
     for prefix, m in policy.named_modules():
         at = f"{prefix}." if prefix else ""
+        derived = set(getattr(m, "derived_buffers", ()))
         for k, v in vars(m).items():
-            if isinstance(v, torch.Tensor) and not k.startswith("_"):
+            if isinstance(v, torch.Tensor) and not k.startswith("_") and k not in derived:
                 found.append(at + k)
-        found += [at + k for k in getattr(m, "_non_persistent_buffers_set", ())]
+        nonpersistent = getattr(m, "_non_persistent_buffers_set", ())
+        found += [at + k for k in nonpersistent if k not in derived]
     if found:
         log.warning(
             "%s: tensor(s) %s are outside the state dict (a plain attribute, or a buffer "

@@ -14,11 +14,13 @@ loopback (ros_helpers.ros_harness picks a domain).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +85,27 @@ def _as_node() -> None:
             times.setdefault(label, []).append((time.perf_counter() - t0) * 1e6)
 
     host.ServiceHost._serve_one = serve_timed
+
+    from flashrt_ros.node import waitloop
+
+    waiting = waitloop.WaitLoop.waiting
+
+    @contextlib.contextmanager
+    def waiting_timed(self):  # each look at the wait set, per thread and kind (busy: no wait)
+        with waiting(self) as wait:
+
+            def timed_wait(timeout_ns, stop=None):
+                t0 = time.perf_counter()
+                try:
+                    return wait(timeout_ns, stop)
+                finally:
+                    kind = "poll" if timeout_ns == 0 else "wait"
+                    label = f"waitloop.{kind}.{threading.current_thread().name}"
+                    times.setdefault(label, []).append((time.perf_counter() - t0) * 1e6)
+
+            yield timed_wait
+
+    waitloop.WaitLoop.waiting = waiting_timed
 
     def dump(*_) -> None:
         out = {k: _pcts(v) for k, v in sorted(times.items())}

@@ -501,8 +501,11 @@ def test_errors_name_the_problem(tmp_path):
         check_session_name("a b")
     path = eng.save_capsule("e", tmp_path / "e.export")
     other = make_engine(policy="test.engine_util:tiny_policy")
-    with pytest.raises(FingerprintMismatch, match="fingerprint"):
+    with pytest.raises(FingerprintMismatch, match="fingerprint") as refused:
         other.load_capsule(path)
+    # which policy wrote it, and which this engine runs
+    said = f"written by {eng.policy.policy_id}, this engine runs {other.policy.policy_id}"
+    assert said in str(refused.value)
     assert names_in(tmp_path) == ["e.export"]
 
 

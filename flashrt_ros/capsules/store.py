@@ -134,10 +134,15 @@ class CapsuleStore:
     def check_header(self, path: str | Path, header: dict) -> None:
         """Refuse a file of another engine before its payload is read."""
         if header["fingerprint"] != self.fingerprint:
+            theirs = header.get("policy")
+            which = (
+                f"it was written by {theirs}, this engine runs {self.policy_id}"
+                if isinstance(theirs, str) and theirs != self.policy_id
+                else "other weights, layout, device or noise version"
+            )
             raise FingerprintMismatch(
                 f"{path}: capsule fingerprint {header['fingerprint']} does not match this "
-                f"engine's {self.fingerprint} (other policy, weights, layout, device or noise "
-                "version)"
+                f"engine's {self.fingerprint} ({which})"
             )
         if header["nbytes"] != self.nbytes or header["layout"] != self.layout:
             raise FingerprintMismatch(f"{path}: state layout differs from this engine's")

@@ -542,3 +542,19 @@ def test_a_capsule_still_being_written_is_named_so_not_unknown(tmp_path):
     eng.write_persist(pending)
     info = eng.end_persist(pending)
     assert eng.drop("dup").id == info.id and not (tmp_path / "dup.fcap").exists()
+
+
+def test_a_file_name_near_the_limit_is_written_and_its_temp_is_still_known(tmp_path):
+    """A 250-character file name (under Linux's 255) failed: the write's temp name
+    `.<name>.<8 random>.tmp` did not fit. Long names get a shorter temp name that keeps the
+    `.fcap.` the start's cleanup looks for."""
+    from flashrt_ros.capsules.diskfmt import TEMP, _temp_prefix
+
+    eng = stepped()
+    info = eng.checkpoint()
+    long = tmp_path / ("b" * 245 + ".fcap")
+    assert eng.save_capsule(info.id, long) == long and long.exists()
+    assert eng.load_capsule(long, name="back").checksum == info.checksum
+    prefix = _temp_prefix(long.name)
+    assert len(prefix) + 12 <= 255 and TEMP.fullmatch(prefix + "abcd1234.tmp")
+    assert _temp_prefix("x.fcap") == ".x.fcap."  # short names as before

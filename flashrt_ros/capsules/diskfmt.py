@@ -82,7 +82,7 @@ def write_capsule_file(
     head = MAGIC + struct.pack("<II", VERSION, len(hjson)) + hjson
     digest = hashlib.sha256(head)
     digest.update(payload)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name), suffix=".tmp")
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -104,6 +104,20 @@ def write_capsule_file(
     finally:
         os.close(dfd)
     return path
+
+
+NAME_MAX = 255  # bytes of one file name on Linux file systems
+
+
+def _temp_prefix(name: str) -> str:
+    """`.<name>.`, or for a name near NAME_MAX (mkstemp adds 8 characters and ".tmp") a shorter
+    one that keeps its ending (`.fcap.`: the start's cleanup still knows it) and a hash of it."""
+    prefix = f".{name}."
+    if len(prefix.encode()) + 12 <= NAME_MAX:
+        return prefix
+    tail = ".fcap." if name.endswith(".fcap") else "."
+    tag = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f".{name.encode()[:160].decode(errors='ignore')}~{tag}{tail}"
 
 
 def _link_new(tmp: Path, path: Path) -> None:

@@ -558,3 +558,19 @@ def test_a_file_name_near_the_limit_is_written_and_its_temp_is_still_known(tmp_p
     prefix = _temp_prefix(long.name)
     assert len(prefix) + 12 <= 255 and TEMP.fullmatch(prefix + "abcd1234.tmp")
     assert _temp_prefix("x.fcap") == ".x.fcap."  # short names as before
+
+
+def test_a_capsule_of_another_noise_or_ensemble_setting_is_refused(tmp_path):
+    """builtin:hybrid's noise_std and ensemble_decay change every action but were not in its
+    policy id, so the fingerprints matched: a capsule saved with noise_std=0.5 loaded into the
+    default engine and continued differently with no error. The default keeps its id."""
+    from flashrt_ros import Engine, load_policy
+
+    default = Engine(load_policy("builtin:hybrid"), device="cpu")
+    assert default.policy.policy_id == "builtin:hybrid/d64-l2-h4-kv64-k4-c8"
+    path = default.save_capsule(default.checkpoint().id, tmp_path / "default.fcap")
+    for kw in ({"noise_std": 0.5}, {"ensemble_decay": 0.9}):
+        other = Engine(load_policy("builtin:hybrid", **kw), device="cpu")
+        assert other.fingerprint != default.fingerprint, kw
+        with pytest.raises(FingerprintMismatch, match="written by builtin:hybrid/d64"):
+            other.load_capsule(path)

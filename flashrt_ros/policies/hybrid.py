@@ -35,10 +35,18 @@ class HybridConfig:
     noise_std: float = 0.002
 
     def tag(self) -> str:
-        return (
+        """The policy id's configuration part, which the engine fingerprint reads: every field
+        that changes what a step computes. The two floats are named only when they differ from
+        their defaults, so the default configuration keeps the id (and capsule files) it had."""
+        tag = (
             f"d{self.d_model}-l{self.n_layers}-h{self.n_heads}-kv{self.kv_len}"
             f"-k{self.conv_k}-c{self.chunk_len}"
         )
+        if self.ensemble_decay != HybridConfig.ensemble_decay:
+            tag += f"-e{self.ensemble_decay!r}"
+        if self.noise_std != HybridConfig.noise_std:
+            tag += f"-n{self.noise_std!r}"
+        return tag
 
 
 class _Block(nn.Module):

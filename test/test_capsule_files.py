@@ -290,7 +290,7 @@ def test_an_evicted_persisted_capsule_keeps_its_name_held(tmp_path):
     for call in (lambda: eng.checkpoint(name="x"), lambda: eng.checkpoint(name="x", persist=True)):
         with pytest.raises(BadName, match="x.fcap exists in capsule_dir and holds the name 'x'"):
             call()
-    back = eng.load_capsule(tmp_path / "x.fcap")
+    back = eng.load_capsule(tmp_path / "x.fcap", name="x")  # its own name, said again
     assert back.name == "x" and back.step == old.step and back.checksum == old.checksum
     eng.drop("x")  # removes x.fcap: the name is free again
     assert not (tmp_path / "x.fcap").exists()
@@ -324,3 +324,18 @@ def test_a_file_copied_in_under_another_name_never_takes_an_issued_id(tmp_path):
     assert copied.id not in (issued.id, kept.id) and copied.step == 7
     with pytest.raises(UnknownReference):
         again.restore("c0001")
+
+
+def test_a_recorded_step_cannot_take_a_name_a_file_holds(tmp_path):
+    """checkpoint_at (a recorded step into the pool) skipped the held-name check the plain
+    checkpoint makes: 'grasp' of an evicted persisted capsule was taken by another state."""
+    from test.engine_util import make_engine as engine
+
+    eng = engine(capsule_slots=2, capsule_dir=tmp_path, flight_ticks=8)
+    run(eng, OBS[:4])
+    eng.checkpoint(name="grasp", persist=True)
+    eng.checkpoint()
+    eng.checkpoint()  # grasp is evicted; grasp.fcap stays
+    with pytest.raises(BadName, match="grasp.fcap exists in capsule_dir"):
+        eng.checkpoint_at(2, name="grasp")
+    assert eng.checkpoint_at(2, name="other").step == 2

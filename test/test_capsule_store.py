@@ -574,3 +574,23 @@ def test_a_capsule_of_another_noise_or_ensemble_setting_is_refused(tmp_path):
         assert other.fingerprint != default.fingerprint, kw
         with pytest.raises(FingerprintMismatch, match="written by builtin:hybrid/d64"):
             other.load_capsule(path)
+
+
+def test_the_same_setting_written_two_ways_is_one_policy():
+    """noise_std=0 and noise_std=0.0 are one configuration: one policy id, one fingerprint."""
+    from flashrt_ros import load_policy
+
+    a, b = load_policy("builtin:hybrid", noise_std=0), load_policy("builtin:hybrid", noise_std=0.0)
+    assert a.policy_id == b.policy_id and a.policy_id.endswith("-n0.0")
+    assert a.weights_digest() == b.weights_digest()
+
+
+def test_derived_tensors_are_in_the_fingerprint():
+    """A diffusion policy's denoising steps change its schedule (derived_buffers, outside the
+    state dict) but not its policy id: an engine of 5 steps took a capsule of 10 without a word."""
+    from flashrt_ros import load_policy
+
+    ten = load_policy("builtin:diffusion")
+    five = load_policy("builtin:diffusion", num_inference_steps=5)
+    assert ten.policy_id == five.policy_id  # the id does not say it...
+    assert ten.weights_digest() != five.weights_digest()  # ...the fingerprint does

@@ -203,11 +203,17 @@ class CapsuleStore:
         return not os.path.lexists(own) or same_file(own, Path(path))
 
     def named_file(self, name: str) -> Path | None:
-        """capsule_dir's file for the capsule name `name` (`<name>.fcap`), when there is one:
-        while it exists the name stays held, even with its capsule out of the pool."""
+        """capsule_dir's file for the capsule name `name` (`<name>.fcap`), when this store knows
+        of one (seen at reload, or written or loaded since) and it is still there: while it
+        exists the name stays held, even with its capsule out of the pool. Known names only, so
+        a checkpoint under a new name touches no disk (a file put there by hand since is met by
+        a persist's or a load's own check, as in id_known)."""
         if self.folder is None:
             return None
-        path = self.folder / f"{name}{diskfmt.SUFFIX}"
+        file = f"{name}{diskfmt.SUFFIX}"
+        if name not in self._listed and not any(o.path.name == file for o in self._files.values()):
+            return None
+        path = self.folder / file
         return path if os.path.lexists(path) else None
 
     def in_folder(self, path: Path) -> bool:

@@ -169,7 +169,16 @@ class Policy(torch.nn.Module):
         as another dtype or shape are other weights), so capsules of other weights are refused.
         The bytes are read as uint8, so dtypes numpy lacks (bfloat16) digest too."""
         h = hashlib.sha256()
-        for name, t in sorted(self.state_dict().items()):
+        tensors = sorted(self.state_dict().items())
+        # and the tensors modules compute from their configuration (derived_buffers): a setting
+        # the policy id does not name still changes the fingerprint (a diffusion policy's
+        # number of denoising steps changes its schedule)
+        tensors += sorted(
+            (f"{prefix}{'.' if prefix else ''}{k}", getattr(m, k))
+            for prefix, m in self.named_modules()
+            for k in getattr(m, "derived_buffers", ())
+        )
+        for name, t in tensors:
             t = t.detach().cpu().contiguous()
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

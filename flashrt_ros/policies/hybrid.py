@@ -43,9 +43,9 @@ class HybridConfig:
             f"-k{self.conv_k}-c{self.chunk_len}"
         )
         if self.ensemble_decay != HybridConfig.ensemble_decay:
-            tag += f"-e{self.ensemble_decay!r}"
+            tag += f"-e{float(self.ensemble_decay)!r}"  # 0 and 0.0: one id
         if self.noise_std != HybridConfig.noise_std:
-            tag += f"-n{self.noise_std!r}"
+            tag += f"-n{float(self.noise_std)!r}"
         return tag
 
 

@@ -451,7 +451,7 @@ class CapsuleVerbs:
             raise BadName(f"capsule name must be a string or None, got {name!r}")
         if name:
             check_capsule_name(name)
-            self._check_new_name(name)
+            self._check_new_name(name, path)
         header, host = self.store.read(path)
         label = header["name"] if name is None else name
         if label:

@@ -83,6 +83,7 @@ class FlightVerbs:
         if name is not None and not isinstance(name, str):
             raise BadName(f"capsule name must be a string or None, got {name!r}")
         pin = bool_arg(pin, "pin")
+        self._check_new_name(name or "")  # a name held by a file or a persist being written
         src = s.flight_state(t)
         bad = nonfinite_regions(src, s.table)
         if bad:

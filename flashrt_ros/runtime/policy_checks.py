@@ -93,8 +93,8 @@ def warn_unregistered_tensors(policy: Policy) -> list[str]:
     """Tensors outside the state dict, logged: plain tensor attributes and buffers registered
     with persistent=False. The engine fingerprint (weights_digest) reads the state dict only, so
     a capsule of other such weights would load and restore unseen. A module names those it
-    computes from its configuration (which the policy id covers: index ranges, schedules) in
-    its class attribute `derived_buffers`; they are not warned about."""
+    computes from its configuration (index ranges, schedules, grids) in its class attribute
+    `derived_buffers`: weights_digest reads them too, so they are not warned about."""
     found = []
     for prefix, m in policy.named_modules():
         at = f"{prefix}." if prefix else ""

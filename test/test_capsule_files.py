@@ -326,6 +326,33 @@ def test_a_file_copied_in_under_another_name_never_takes_an_issued_id(tmp_path):
         again.restore("c0001")
 
 
+def test_a_file_copied_in_under_its_own_name_never_takes_an_issued_id(tmp_path):
+    """Robot A's grasp.fcap (c0001 there), copied unchanged into robot B's capsule_dir, where
+    c0001 was issued for another state that B's planner still holds: at B's next start the file
+    is A's (another folder's token in its header) and comes back under a fresh id. B's own
+    persisted file, copied out and back under its name, is still B's and keeps its id."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a = make_engine(capsule_dir=a_dir)
+    run(a, OBS[:6])
+    grasp = a.checkpoint(name="grasp", persist=True)
+    b = make_engine(capsule_dir=b_dir)
+    run(b, OBS[:2])
+    held = b.checkpoint()  # c0001 of B, in B's planner's hands
+    mine = b.checkpoint(name="mine", persist=True)
+    assert grasp.id == held.id == "c0001"
+    del a, b
+    (b_dir / "grasp.fcap").write_bytes((a_dir / "grasp.fcap").read_bytes())
+    kept = (b_dir / "mine.fcap").read_bytes()
+    (b_dir / "mine.fcap").unlink()
+    (b_dir / "mine.fcap").write_bytes(kept)
+    again = make_engine(capsule_dir=b_dir)
+    by_name = {c.name: c for c in again.capsules()}
+    assert by_name["grasp"].checksum == grasp.checksum and by_name["grasp"].id != "c0001"
+    assert by_name["mine"].id == mine.id  # B's own file keeps the id B's planner kept
+    with pytest.raises(UnknownReference):
+        again.restore("c0001")
+
+
 def test_a_recorded_step_cannot_take_a_name_a_file_holds(tmp_path):
     """checkpoint_at (a recorded step into the pool) skipped the held-name check the plain
     checkpoint makes: 'grasp' of an evicted persisted capsule was taken by another state."""

@@ -59,8 +59,9 @@ def good(tmp_path):
 
 
 def names_in(d: Path) -> list[str]:
-    """The capsule files and others a test put there; not the ids' reserve (id_reserve.py)."""
-    return sorted(p.name for p in d.iterdir() if p.name != IDS_FILE)
+    """The capsule files and others a test put there; not the folder's own .flashrt.* files
+    (the ids' reserve, id_reserve.py; its token, store.folder_token)."""
+    return sorted(p.name for p in d.iterdir() if not p.name.startswith(".flashrt."))
 
 
 # -- 4: names and ids never collide ----------------------------------------------------------------

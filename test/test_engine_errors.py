@@ -11,7 +11,6 @@ import torch
 
 from flashrt_ros import Engine, load_policy
 from flashrt_ros.capsules.checksum import device_checksum
-from flashrt_ros.capsules.id_reserve import FILE as IDS_FILE
 from flashrt_ros.errors import (
     BadName,
     BadRequest,
@@ -171,7 +170,8 @@ def test_checkpoint_refuses_a_poisoned_session_and_changes_no_pool_or_disk(tmp_p
         eng.checkpoint()
     with pytest.raises(BadRequest, match="poisoned"):
         eng.checkpoint(name="x", persist=True)
-    assert eng.capsules() == [] and [p for p in tmp_path.iterdir() if p.name != IDS_FILE] == []
+    left = [p for p in tmp_path.iterdir() if not p.name.startswith(".flashrt.")]
+    assert eng.capsules() == [] and left == []
 
 
 def test_checkpoint_refuses_nan_or_inf_in_any_float_region(tmp_path):
@@ -190,7 +190,7 @@ def test_checkpoint_refuses_nan_or_inf_in_any_float_region(tmp_path):
             eng.checkpoint(name="persisted", persist=True)
         v.copy_(old)
     assert eng.capsules() == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != IDS_FILE) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".flashrt.")) == []
     assert eng.checkpoint().step == 30  # once finite again, it works
 
 

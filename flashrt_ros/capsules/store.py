@@ -9,8 +9,10 @@ never overwritten by another capsule; only a pin change rewrites it (atomically)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +99,10 @@ class CapsuleStore:
         # files of capsule_dir the last reload did not load, and why (unreadable, foreign,
         # symlink, no free slot)
         self.not_loaded: list[NotLoaded] = []
+        # this folder's token (folder_token(), read or made at reload): the files it writes
+        # carry it, so a file copied in from another robot's folder, under whatever name, is
+        # told apart from this folder's own at the next start (Engine._file_id)
+        self.token: str | None = None
 
     # -- headers and files -------------------------------------------------------------------------
     def header(self, info: CapsuleInfo) -> dict:
@@ -113,7 +119,14 @@ class CapsuleStore:
             "stamp": float(info.stamp),
             "pinned": bool(info.pinned),
             "policy": self.policy_id,
+            **({"folder": self.token} if self.token else {}),
         }
+
+    def written_here(self, header: dict) -> bool:
+        """Whether a file's header says this folder wrote it: its token is ours, or it has none
+        (a file of a version before the tokens: as before, it is taken for this folder's)."""
+        theirs = header.get("folder")
+        return theirs is None or (self.token is not None and theirs == self.token)
 
     def write(self, path: str | Path, info: CapsuleInfo, state: torch.Tensor) -> Path:
         """Write a capsule file (atomic) holding `state`, the arena bytes of `info`; an
@@ -325,6 +338,7 @@ class CapsuleStore:
         if d is None:
             return
         make_folder(d)
+        self.token = folder_token(d)
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
@@ -394,3 +408,34 @@ def same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+TOKEN_FILE = ".flashrt.folder"
+
+
+def folder_token(folder: Path) -> str | None:
+    """The folder's random token from `<folder>/.flashrt.folder`, made on first use; None where
+    it can be neither read nor made (a read-only folder: nothing is written there anyway)."""
+    path = folder / TOKEN_FILE
+    try:
+        text = path.read_text()[:64].strip()
+        if text and text.isascii() and text.isalnum():
+            return text
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("capsule_dir token %s unreadable (%s): files written here carry none", path, e)
+        return None
+    token = secrets.token_hex(8)
+    tmp = path.with_name(f"{TOKEN_FILE}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(f"{token}\n")
+        os.link(tmp, path)  # never replaces one another process made meanwhile
+    except FileExistsError:
+        return folder_token(folder)
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return token

@@ -427,17 +427,22 @@ class CapsuleVerbs:
         Not used up here: the caller claims it once the pool took the capsule."""
         return self.pool.peek_id(lambda cid: self.store.id_taken(cid) or cid in self._persisting)
 
-    def _file_id(self, cid: object, path: Path, name: str = "") -> str:
+    def _file_id(self, header: dict, path: Path) -> str:
         """The id a loaded file keeps: its own when it is one we could have issued, no live
         capsule has it and no other file of capsule_dir is named for it (drop would remove
         that file); else a fresh one. It must also be an id this engine has not issued yet
         (one issued and dropped may still be in a planner's hands), except for the start's
-        reload of a file under the name a persist gives it (`<name>.fcap`, `<id>.fcap`): an
-        earlier run's persisted capsule keeps the id its planner kept, while a file copied in
-        under another name (another robot's `c0001`, say) never takes an id an earlier run
-        issued for something else."""
+        reload of this folder's own file (its token, store.written_here) under the name a
+        persist gives it (`<name>.fcap`, `<id>.fcap`): an earlier run's persisted capsule keeps
+        the id its planner kept, while a file copied in from another robot's folder, or under
+        another name, never takes an id an earlier run issued for something else."""
+        cid, name = header["id"], header["name"]
         if is_issued_id(cid) and cid not in self.pool.caps and self.store.may_keep_id(cid, path):
-            own = Path(path).stem in (cid, name) and self.store.in_folder(Path(path))
+            own = (
+                Path(path).stem in (cid, name)
+                and self.store.in_folder(Path(path))
+                and self.store.written_here(header)
+            )
             if (self._reloading and own) or int(cid[1:]) >= self.pool.next_number():
                 return cid
         return self._fresh_id()
@@ -462,7 +467,7 @@ class CapsuleVerbs:
                 raise BadName(f"{path}: {e} (or load it under another name: name=...)") from None
         if header["pinned"]:
             self.pool.require_room(f" ({path}: a pinned capsule needs a slot)")
-        cid = self._file_id(header["id"], path, header["name"])
+        cid = self._file_id(header, path)
         cap = self.pool.put(
             host.to(self.device),
             name=label,

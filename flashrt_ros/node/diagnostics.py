@@ -16,8 +16,13 @@ While the loop publishes, the executor's timer is cancelled: each wake-up of rcl
 holds the GIL for a few hundred microseconds (it rebuilds its wait set over the whole node),
 and at 1 kHz a wake-up every 4 s (the backup it was) still came before some of the 25-32
 overruns a minute on the H200 machine. A watchdog thread of our own (`flashrt-diag-watch`)
-steps in instead if the control thread has not published for FORCE_S + a second (a tick stuck
-on something): one clock read every few seconds, so diagnostics never stop either way.
+steps in instead: at once (within WATCH_S) when a tick has held the engine for over STUCK_S
+with no publish for EVERY_S (a step stuck on a hung device: an operator's monitor must see
+`engine busy`, not silence, and it did for up to 8 s), and otherwise if the control thread has
+not published for FORCE_S + a second. A few clock reads a second, so diagnostics never stop
+either way. Its publishes, which wait up to 0.25 s for the engine, are not counted as the cost
+of a publish: that cost sets the slack the loop waits for, and counted it kept the loop from
+publishing for seconds after a stall.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Diagnostics:
     EVERY_S = 1.0  # one publish a second
     FORCE_S = 3.0  # the control thread publishes without slack after this long
     MARGIN_S = EngineLock.MARGIN_S  # besides the publish's cost: the loop's spin before a deadline
+    WATCH_S = 0.5  # how often the watchdog looks
+    STUCK_S = 0.25  # a tick holding the engine this long is stuck (build() reports it busy)
 
     def __init__(
         self, node, build: Callable[[], DiagnosticArray], lock: EngineLock, group=None
@@ -86,21 +93,27 @@ class Diagnostics:
     def _watch(self, stop: threading.Event) -> None:
         """While the control thread publishes: step in when it has not for a while."""
         name_os_thread()
-        every = self.FORCE_S + self.EVERY_S
-        while not stop.wait(every):
-            if time.monotonic() - self.last >= every:
+        force = self.FORCE_S + self.EVERY_S
+        while not stop.wait(self.WATCH_S):
+            now = time.monotonic()
+            since = now - self.last
+            lock = self.lock
+            stuck = lock.locked() and now - lock.held_since > self.STUCK_S
+            if since >= force or (stuck and since >= self.EVERY_S):
                 try:
-                    self.publish()
+                    self.publish(count=False)
                 except Exception as e:  # the context is going away: the loop stops too
                     if not stop.is_set():
                         self.log.error(f"diagnostics publish failed: {type(e).__name__}: {e}")
 
-    def publish(self) -> None:
+    def publish(self, count: bool = True) -> None:
+        """Publish now; `count`: its time goes into the cost the loop's slack must hold."""
         t0 = time.monotonic()
         self.last, self.behind = t0, False
         self.pub.publish(self.build())
-        self.costs.append(time.monotonic() - t0)
-        self.cost = sorted(self.costs)[len(self.costs) // 2]
+        if count:
+            self.costs.append(time.monotonic() - t0)
+            self.cost = sorted(self.costs)[len(self.costs) // 2]
 
     def on_timer(self) -> None:
         """The executor's 1 Hz timer (cancelled while the control thread publishes)."""

@@ -546,3 +546,26 @@ def test_a_signal_in_a_deferred_block_ends_it_after_the_block_not_inside():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_a_poisoned_session_and_a_goal_stream_do_not_flood_the_log(fresh):
+    """A poisoned live session wrote its ERROR line again with every /diagnostics publish (one a
+    second, 86 400 a day, burying everything else), and each goal wrote a line (a planner at the
+    control rate: 100+ a second). Now: the poison once, then once a minute with a count; goals
+    one line per 2 s with a count."""
+    c = fresh
+    c.step(OBS[0])
+    c.publish(poisoning(OBS[1]))
+    assert c.wait_diag(lambda d: d["_level"] == ERROR and "poisoned" in d["_message"])
+    n = len(c.diagnostics)
+    assert c.ros.spin_until(lambda: len(c.diagnostics) >= n + 3, 6)  # 3 more publishes
+    log = c.proc.log_path.read_text(errors="replace")
+    assert log.count("is poisoned (") == 1, log[-3000:]
+    assert c.call("reset_session").success
+    before, t0 = log.count("goal applied:"), time.monotonic()
+    for i in range(49):
+        c._goal.publish(Float64MultiArray(data=[0.01 * i] * 6))
+        time.sleep(0.01)
+    c.set_goal([0.5] * 6)  # the last, waited for: all 50 were taken
+    lines = c.proc.log_path.read_text(errors="replace").count("goal applied:") - before
+    assert 1 <= lines <= 1 + (time.monotonic() - t0) / 2.0, lines

@@ -51,6 +51,7 @@ from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.goal_echo import GoalEcho
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
+from flashrt_ros.node.logs import Throttle
 from flashrt_ros.node.loop import (
     SPIN_S,
     ThreadUsage,
@@ -181,6 +182,8 @@ class FlashrtNode(LifecycleNode):
             self.create_publisher(Float64MultiArray, "~/goal_applied", latched)
         )
         self._dir_lock: FolderLock | None = None  # capsule_dir's, from configure to cleanup
+        self._goal_lines = Throttle(2.0)  # "goal applied": one line per 2 s, with a count
+        self._poison_lines = Throttle(60.0)  # the live session's poison, again once a minute
 
     def set_parameters_atomically(self, parameter_list) -> SetParametersResult:
         """A set naming a parameter the node does not have is refused with the names (and the
@@ -778,7 +781,9 @@ class FlashrtNode(LifecycleNode):
                 self.control.fault("goal", e)
                 return
         self._goal_echo.say(change, msg.data)
-        self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}")
+        more = self._goal_lines.due()
+        if more is not None:
+            self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}{more}")
 
     def _on_moved(self, eng: Engine, session: str) -> None:
         """A request put the session's state elsewhere (engine lock held): the flight recorder
@@ -1252,7 +1257,9 @@ class FlashrtNode(LifecycleNode):
                 "recover with ~/reset_session, ~/restore or ~/branch"
                 + (" or ~/rewind" if self.cfg.flight_ticks else "")
             )
-            self.control.fast_log.error(message)
+            more = self._poison_lines.due(message)  # a new reason at once, else once a minute
+            if more is not None:
+                self.control.fast_log.error(message + more)
         elif new_faults:
             level, message = DiagnosticStatus.ERROR, f"{new_faults} fault(s): {kv['last_fault']}"
         elif self.control.finalized:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
 
 from rclpy.logging import LoggingSeverity
@@ -142,3 +143,26 @@ def forward_core_logs(logger) -> Callable[[], None]:
         core.setLevel(level)
 
     return undo
+
+
+class Throttle:
+    """At most one line per `seconds` for a repeated event, saying how many were not written:
+    a planner streaming goals at the control rate wrote a line per goal (100+ a second), and
+    a poisoned session repeated its ERROR with every /diagnostics publish (86 400 a day)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last = -1e18
+        self._quiet = 0  # events since the last line, not written
+        self._text = ""
+
+    def due(self, text: str = "") -> str | None:
+        """The suffix to write with this event's line ("" or " (N more since the last line)"),
+        or None when the line is held back. A new `text` is always written (a new reason)."""
+        now = time.monotonic()
+        if text == self._text and now - self._last < self.seconds:
+            self._quiet += 1
+            return None
+        more = f" ({self._quiet} more since the last line)" if self._quiet else ""
+        self._last, self._quiet, self._text = now, 0, text
+        return more

@@ -990,9 +990,15 @@ class FlashrtNode(LifecycleNode):
             # a step that ran long (a hung device, a stall): its command is as old as its
             # observation, which is now stale; a 3 s step published a 3 s old command (review)
             self._hold()
+            took = marks[3] - marks[2]
+            why = (  # a long step, or an observation already near its timeout (a stream that
+                # stopped just before the tick: no slow step to look for)
+                f"late: the step took {took * 1e3:.0f} ms, so its joint_states were"
+                if took > 0.5 * self.cfg.obs_timeout_s
+                else f"stale at publish (the step took {took * 1e3:.0f} ms): its joint_states were"
+            )
             self._refuse(
-                f"late: the step took {(marks[3] - marks[2]) * 1e3:.0f} ms, so its joint_states "
-                f"were {age:.3f} s old at publish, older than obs_timeout_s="
+                f"{why} {age:.3f} s old at publish, older than obs_timeout_s="
                 f"{self.cfg.obs_timeout_s:g}: not published, the robot holds",
                 stepping=self._per_message,
             )

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from sensor_msgs.msg import JointState
@@ -20,6 +21,7 @@ from flashrt_ros.srv import DumpFlight, Rewind
 from test.node_client import JOINTS, NodeClient, late_goal_echo
 from test.ros_helpers import importable_tests
 
+WARN = int.from_bytes(DiagnosticStatus.WARN, "little")
 RING = 8
 OBS = np.random.default_rng(7).uniform(-0.5, 0.5, size=(16, 12))
 T0 = 1_700_000_000  # stamps of OBS[i]: T0 s + i * 10 ms
@@ -448,6 +450,17 @@ def test_a_dump_the_disk_refuses_is_a_refused_request_not_a_fault(ros, tmp_path)
     assert diag["faults"] == "0", diag
     assert caps.read_text() == "not a folder"  # nothing of the operator's touched
     assert node.step(OBS[4]).shape == (6,)  # and it goes on serving
+    # an operator watching /diagnostics sees it (it said OK: only the requester and the log
+    # knew), until a write succeeds again
+    diag = node.wait_diag(lambda d: d["_message"].startswith("writes to capsule_dir fail"), 5.0)
+    assert diag["_level"] == WARN and diag["disk_write_failures"] == "1", diag
+    assert "cannot write the flight dump at" in diag["last_disk_error"], diag
+    caps.unlink()
+    (tmp_path / "moved").rename(caps)
+    d = ros.call(ros.client(DumpFlight, proc.service("dump_flight")), DumpFlight.Request(), 10)
+    assert d.success, d.message
+    diag = node.wait_diag(lambda d: not d["_message"].startswith("writes to"), 5.0)
+    assert diag["disk_write_failures"] == "1" and diag["last_disk_error"], diag
 
 
 def test_a_deactivate_dump_is_kept_when_a_rewind_follows_at_once(ros, tmp_path):

@@ -64,6 +64,9 @@ def test_an_evicted_capsule_is_named_in_the_reply_and_on_rosout(ros, tmp_path):
     r = ros.call(ros.client(Rewind, proc.service("rewind")), rewind, timeout=30)
     assert r.success, r.message
     assert f"evicted {second.capsule.id} ('a')" in r.message, r.message
+    # and /diagnostics counts them (it said OK with `capsules` steady: nothing lost, it seemed)
+    d = node.wait_diag(lambda d: d.get("capsules_evicted") == "2", 5.0)
+    assert d["capsule_files_not_loaded"] == "0" and d["last_not_loaded"] == "", d
     proc.stop()
 
     # a restart finds three files for two slots: the one left on disk is said on /rosout
@@ -73,5 +76,8 @@ def test_an_evicted_capsule_is_named_in_the_reply_and_on_rosout(ros, tmp_path):
     assert ros.spin_until(
         lambda: any(m.level == Log.WARN and left in m.msg for m in lines[n:]), 10.0
     ), [m.msg for m in lines[n:]][-20:]
-    reloaded = sorted(c.name for c in NodeClient(ros, proc).call("list_capsules").capsules)
+    again = NodeClient(ros, proc)
+    reloaded = sorted(c.name for c in again.call("list_capsules").capsules)
     assert reloaded == ["a", "b"]
+    d = again.wait_diag(lambda d: "capsule_files_not_loaded" in d, 5.0)
+    assert d["capsule_files_not_loaded"] == "1" and "before_grasp.fcap" in d["last_not_loaded"]

@@ -28,6 +28,7 @@ from test.ros_helpers import importable_tests
 POLICY = "test.nan_policy:nan_above"
 OBS = observations(200, seed=11)
 ERROR = int.from_bytes(DiagnosticStatus.ERROR, "little")
+WARN = int.from_bytes(DiagnosticStatus.WARN, "little")
 RATE = 200.0  # the timer node's; a CPU step takes ~1.7 ms of each 5 ms period
 
 
@@ -554,14 +555,18 @@ def test_a_poisoned_session_and_a_goal_stream_do_not_flood_the_log(fresh):
     control rate: 100+ a second). Now: the poison once, then once a minute with a count; goals
     one line per 2 s with a count."""
     c = fresh
-    c.step(OBS[0])
-    c.publish(poisoning(OBS[1]))
-    assert c.wait_diag(lambda d: d["_level"] == ERROR and "poisoned" in d["_message"])
-    n = len(c.diagnostics)
-    assert c.ros.spin_until(lambda: len(c.diagnostics) >= n + 3, 6)  # 3 more publishes
+    for _ in range(2):  # after a recovery, a new poison is written at once again
+        start = len(c.proc.log_path.read_text(errors="replace"))
+        c.step(OBS[0])
+        c.publish(poisoning(OBS[1]))
+        assert c.wait_diag(lambda d: d["_level"] == ERROR and "poisoned" in d["_message"])
+        n = len(c.diagnostics)
+        assert c.ros.spin_until(lambda n=n: len(c.diagnostics) >= n + 3, 6)  # 3 more publishes
+        log = c.proc.log_path.read_text(errors="replace")[start:]
+        assert log.count("is poisoned (") == 1, log[-3000:]
+        assert c.call("reset_session").success
+        assert c.ros.spin_until(lambda: "poisoned" not in c.diagnostics[-1]["_message"], 3)
     log = c.proc.log_path.read_text(errors="replace")
-    assert log.count("is poisoned (") == 1, log[-3000:]
-    assert c.call("reset_session").success
     before, t0 = log.count("goal applied:"), time.monotonic()
     for i in range(49):
         c._goal.publish(Float64MultiArray(data=[0.01 * i] * 6))
@@ -569,3 +574,19 @@ def test_a_poisoned_session_and_a_goal_stream_do_not_flood_the_log(fresh):
     c.set_goal([0.5] * 6)  # the last, waited for: all 50 were taken
     lines = c.proc.log_path.read_text(errors="replace").count("goal applied:") - before
     assert 1 <= lines <= 1 + (time.monotonic() - t0) / 2.0, lines
+
+
+def test_refused_goals_while_stepping_are_a_warning(fresh):
+    """Goals of the wrong size were refused (counted, logged every 2 s) while /diagnostics said
+    OK "stepping": the robot went on to the old goal and the operator saw nothing amiss. Now a
+    WARN "stepping; inputs refused (...)" while refusals come, OK again once they stop."""
+    c = fresh
+    c.step(OBS[0])
+    for _ in range(3):
+        c._goal.publish(Float64MultiArray(data=[0.1] * 7))
+        c.step(OBS[1])
+    d = c.wait_diag(lambda d: d["_message"].startswith("stepping; inputs refused"), 5.0)
+    assert d["_level"] == WARN and "goal must have shape (6,)" in d["_message"], d
+    c.step(OBS[2])
+    d = c.wait_diag(lambda d: d["_message"] == "stepping" or "stepping;" not in d["_message"], 6.0)
+    assert not d["_message"].startswith("stepping;"), d

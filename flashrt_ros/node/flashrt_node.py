@@ -1190,6 +1190,11 @@ class FlashrtNode(LifecycleNode):
             if eng is not None:
                 live, sessions = ctl.live, eng.sessions()
                 poisoned = {s: why for s in sessions if (why := eng.poisoned(s))}
+                # capsules lost: evicted from a full pool, files not loaded at start
+                kv["capsules_evicted"] = str(eng.evicted_total)
+                lost = eng.store.not_loaded
+                kv["capsule_files_not_loaded"] = str(len(lost))
+                kv["last_not_loaded"] = f"{lost[-1].path}: {lost[-1].reason}" if lost else ""
                 kv["live_session"] = live
                 kv["sessions"] = ",".join(sessions)
                 kv["capsules"] = str(len(eng.capsules()))
@@ -1207,6 +1212,8 @@ class FlashrtNode(LifecycleNode):
                 kv["kernels"] = self._kernels(eng)
                 kv["late_fuse"] = eng.late_fuse  # what came of it ("" before, or without)
                 kv.update(self.flight.diagnostics(eng, live))
+        kv["disk_write_failures"] = str(ctl.disk_failures)
+        kv["last_disk_error"] = ctl.disk_error
         # timer mode: the latest tick held on stale inputs (no step since): stale now, not only
         # once no step came for rate_hz's 2 s window
         now = time.monotonic()
@@ -1319,6 +1326,13 @@ class FlashrtNode(LifecycleNode):
             level, message = DiagnosticStatus.WARN, f"session {shown!r} is poisoned"
         elif unheard:
             level, message = DiagnosticStatus.WARN, f"a publisher is never heard: {unheard[0]}"
+        elif ctl.disk_failing:  # the latest write to capsule_dir failed (full, read-only)
+            level = DiagnosticStatus.WARN
+            message = f"writes to capsule_dir fail: {ctl.disk_error}"
+        elif refused:  # it steps, but inputs (goals, images) were refused in the last 2 s
+            level, message = DiagnosticStatus.WARN, f"stepping; {refused}"
+        if live not in poisoned and eng is not None:  # recovered: a new poison is written at once
+            self._poison_lines.reset()
         status = DiagnosticStatus(
             level=level,
             name=f"{self.get_fully_qualified_name()}: control loop",

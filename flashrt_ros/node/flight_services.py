@@ -672,6 +672,7 @@ class FlightServices:
         try:
             paths, folder = self._write(snap, Path(base).expanduser(), name, tail, budget)
         except Exception as e:  # noqa: BLE001
+            self.ctl.wrote(f"{reason} flight dump to {base}: {e}")
             if done is not None:
                 done.set_exception(e)
                 self._wake_up()
@@ -680,6 +681,7 @@ class FlightServices:
                     f"flight recorder: {reason} dump of {snap.session!r} to {base} failed: {e}"
                 )
             return
+        self.ctl.wrote()
         self.last_dump, self.dumps = str(folder), self.dumps + 1
         if done is not None:
             done.set_result((paths, folder, snap))

@@ -156,6 +156,10 @@ class Throttle:
         self._quiet = 0  # events since the last line, not written
         self._text = ""
 
+    def reset(self) -> None:
+        """The condition ended: its next occurrence is written at once."""
+        self._last, self._quiet, self._text = -1e18, 0, ""
+
     def due(self, text: str = "") -> str | None:
         """The suffix to write with this event's line ("" or " (N more since the last line)"),
         or None when the line is held back. A new `text` is always written (a new reason)."""

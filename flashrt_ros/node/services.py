@@ -86,6 +86,20 @@ class Control:
         self.on_moved: Callable[[object, str], None] = lambda eng, session: None
         # told (engine lock held) when a session was dropped: what is kept per session goes
         self.on_dropped: Callable[[object, str], None] = lambda eng, session: None
+        # writes to capsule_dir (persisted checkpoints, flight dumps) that failed, the last
+        # one's error, and whether the latest write failed: a full or read-only disk only
+        # answered its requester and logged, while /diagnostics said OK (an operator's review)
+        self.disk_failures = 0
+        self.disk_error = ""
+        self.disk_failing = False
+
+    def wrote(self, error: str = "") -> None:
+        """A write to capsule_dir ended: fine (""), or failed saying `error`."""
+        if error:
+            self.disk_failures += 1
+            self.disk_error, self.disk_failing = error, True
+        else:
+            self.disk_failing = False
 
     def say(self, text: str, warn: bool = False) -> None:
         """A line about a request, written after the reply (write_said). For handlers, which
@@ -294,8 +308,11 @@ class CapsuleServices:
             try:
                 eng.write_persist(pending)
             except Exception as e:
+                if not isinstance(e, BadName):  # a name taken meanwhile: no disk trouble
+                    self.ctl.wrote(f"persist {pending.path.name}: {e}")
                 done.set_exception(e)
             else:
+                self.ctl.wrote()
                 done.set_result(None)
             try:
                 self._wake.trigger()

@@ -257,6 +257,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
                 f"{self.state_nbytes} bytes: {e}; lower capsule_slots or host_capsule_slots"
             ) from e
         self.last_evicted: list[str] = []  # what the last capsule added evicted (_report_evictions)
+        self.evicted_total = 0  # capsules evicted from the pool since the start, for good or not
         self._sessions: dict[str, Session] = {}
         self._poison: dict[str, str] = {}  # session -> why it may not step ("" never stored)
         self._scratch: torch.Tensor | None = None

@@ -65,6 +65,7 @@ class CapsuleVerbs:
     state_nbytes: int
     use_graph: bool
     last_evicted: list[str]
+    evicted_total: int
     _sessions: dict[str, Session]
     _poison: dict[str, str]
     _persisting: dict[str, str]
@@ -289,6 +290,7 @@ class CapsuleVerbs:
         `last_evicted` until the next call that adds a capsule: a planner's checkpoint reply
         names what it cost (a capsule it still counts on may be among them)."""
         self.last_evicted = list(self.pool.evicted)
+        self.evicted_total += len(self.last_evicted)
         if self.pool.evicted:
             log.warning("capsule pool full: evicted %s", ", ".join(self.pool.evicted))
             self.pool.evicted.clear()

@@ -595,3 +595,52 @@ def test_derived_tensors_are_in_the_fingerprint():
     five = load_policy("builtin:diffusion", num_inference_steps=5)
     assert ten.policy_id == five.policy_id  # the id does not say it...
     assert ten.weights_digest() != five.weights_digest()  # ...the fingerprint does
+
+
+def test_files_of_the_version_before_derived_digests_still_load(tmp_path):
+    """Reading derived_buffers into the fingerprint changed every built-in's fingerprint: after
+    an upgrade, a robot's start skipped each persisted capsule as foreign and its name stayed
+    held. A file as those versions wrote it (their fingerprint: the state dict alone, and no
+    folder token) is this engine's still; the same fingerprint in a file with a token is not
+    (only versions with the new fingerprint write tokens)."""
+    from flashrt_ros import Engine, load_policy
+
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    eng = Engine(load_policy("builtin:hybrid"), device="cpu", capsule_dir=folder)
+    for o in OBS[:3]:
+        eng.step(o)
+    assert eng.fingerprint_v1 not in (None, eng.fingerprint)
+    path = eng.save_capsule(eng.checkpoint().id, tmp_path / "now.fcap")
+    header, payload = diskfmt.read_capsule_file(path)
+    old = {k: v for k, v in header.items() if k != "folder"}
+    old.update(fingerprint=eng.fingerprint_v1, id="c0042", name="grasp")
+    (folder / "grasp.fcap").write_bytes(raw_file(old, payload))
+    tokened = dict(old, folder="0123abcd", name="")
+    (tmp_path / "tokened.fcap").write_bytes(raw_file(tokened, payload))
+
+    again = Engine(load_policy("builtin:hybrid"), device="cpu", capsule_dir=folder)
+    assert again.store.not_loaded == []
+    kept = {c.name: c for c in again.capsules()}["grasp"]
+    assert kept.checksum == header["checksum"]
+    again.restore("grasp")
+    with pytest.raises(FingerprintMismatch):
+        again.load_capsule(tmp_path / "tokened.fcap")
+
+
+@pytest.mark.parametrize("content", [b"", b"ab-cd\n", b"\xff\xfe\x00"])
+def test_a_token_file_that_holds_no_token_is_replaced_and_the_start_goes_on(tmp_path, content):
+    """An empty .flashrt.folder (a power cut after it was made) or one of other bytes sent the
+    token's reader into endless recursion: every start of the engine failed until someone
+    deleted the file. It is replaced by a new token, and capsules persist and reload."""
+    from flashrt_ros.capsules.store import TOKEN_FILE
+
+    (tmp_path / TOKEN_FILE).write_bytes(content)
+    eng = stepped(capsule_dir=tmp_path)
+    token = (tmp_path / TOKEN_FILE).read_text().strip()
+    assert token.isalnum() and len(token) == 16
+    eng.checkpoint(name="kept", persist=True)
+    assert diskfmt.read_capsule_header(tmp_path / "kept.fcap")["folder"] == token
+    again = make_engine(capsule_dir=tmp_path)
+    assert [c.name for c in again.capsules()] == ["kept"]
+    assert again.store.token == token

@@ -86,11 +86,15 @@ class CapsuleStore:
         *,
         fingerprint: str,
         layout: list[dict],
+        fingerprint_v1: str | None = None,
         nbytes: int,
         policy_id: str,
     ):
         self.folder = Path(folder).expanduser() if folder else None  # "~/capsules" too
         self.fingerprint = fingerprint
+        # the fingerprint earlier versions gave this engine (before derived_buffers were
+        # digested): a file of theirs, which carries no folder token, is still this engine's
+        self.fingerprint_v1 = fingerprint_v1
         self.layout = layout
         self.nbytes = int(nbytes)
         self.policy_id = policy_id
@@ -128,6 +132,15 @@ class CapsuleStore:
         theirs = header.get("folder")
         return theirs is None or (self.token is not None and theirs == self.token)
 
+    def written_before_v2(self, header: dict) -> bool:
+        """A file of the versions before folder tokens and derived_buffers' digest, written by
+        this engine's policy, weights and layout as those versions fingerprinted them."""
+        return (
+            self.fingerprint_v1 is not None
+            and "folder" not in header
+            and header["fingerprint"] == self.fingerprint_v1
+        )
+
     def write(self, path: str | Path, info: CapsuleInfo, state: torch.Tensor) -> Path:
         """Write a capsule file (atomic) holding `state`, the arena bytes of `info`; an
         existing file is never replaced."""
@@ -146,7 +159,7 @@ class CapsuleStore:
 
     def check_header(self, path: str | Path, header: dict) -> None:
         """Refuse a file of another engine before its payload is read."""
-        if header["fingerprint"] != self.fingerprint:
+        if header["fingerprint"] != self.fingerprint and not self.written_before_v2(header):
             theirs = header.get("policy")
             which = (
                 f"it was written by {theirs}, this engine runs {self.policy_id}"
@@ -415,27 +428,37 @@ TOKEN_FILE = ".flashrt.folder"
 
 def folder_token(folder: Path) -> str | None:
     """The folder's random token from `<folder>/.flashrt.folder`, made on first use; None where
-    it can be neither read nor made (a read-only folder: nothing is written there anyway)."""
+    it can be neither read nor made (a read-only folder: nothing is written there anyway). A
+    token file that holds no token (empty after a power cut) is replaced by a new one."""
     path = folder / TOKEN_FILE
-    try:
-        text = path.read_text()[:64].strip()
+    for _ in range(3):  # another process may make or replace it meanwhile: read it again
+        try:
+            text = path.read_text(errors="replace")[:64].strip()
+        except FileNotFoundError:
+            text = None
+        except OSError as e:
+            log.warning("capsule_dir token %s unreadable (%s): files written here carry none", path, e)
+            return None
         if text and text.isascii() and text.isalnum():
             return text
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.warning("capsule_dir token %s unreadable (%s): files written here carry none", path, e)
-        return None
-    token = secrets.token_hex(8)
-    tmp = path.with_name(f"{TOKEN_FILE}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(f"{token}\n")
-        os.link(tmp, path)  # never replaces one another process made meanwhile
-    except FileExistsError:
-        return folder_token(folder)
-    except OSError:
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    return token
+        token = secrets.token_hex(8)
+        tmp = path.with_name(f"{TOKEN_FILE}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{token}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if text is None:
+                os.link(tmp, path)  # never replaces one another process made meanwhile
+            else:
+                log.warning("capsule_dir token %s held no token: a new one replaces it", path)
+                os.replace(tmp, path)
+            return token
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    return None

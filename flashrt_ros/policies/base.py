@@ -168,16 +168,26 @@ class Policy(torch.nn.Module):
         """Digest of every parameter and buffer (name, dtype, shape and bytes: the same bytes
         as another dtype or shape are other weights), so capsules of other weights are refused.
         The bytes are read as uint8, so dtypes numpy lacks (bfloat16) digest too."""
-        h = hashlib.sha256()
-        tensors = sorted(self.state_dict().items())
         # and the tensors modules compute from their configuration (derived_buffers): a setting
         # the policy id does not name still changes the fingerprint (a diffusion policy's
         # number of denoising steps changes its schedule)
-        tensors += sorted(
+        derived = sorted(
             (f"{prefix}{'.' if prefix else ''}{k}", getattr(m, k))
             for prefix, m in self.named_modules()
             for k in getattr(m, "derived_buffers", ())
         )
+        return self._digest(sorted(self.state_dict().items()) + derived)
+
+    def weights_digest_v1(self) -> str | None:
+        """The digest of the versions before derived_buffers were read (the state dict alone),
+        or None where it equals weights_digest(): capsule files those versions wrote carry it,
+        and the store still takes them (CapsuleStore.check_header), so an upgrade keeps them."""
+        has_derived = any(getattr(m, "derived_buffers", ()) for m in self.modules())
+        return self._digest(sorted(self.state_dict().items())) if has_derived else None
+
+    @staticmethod
+    def _digest(tensors: list) -> str:
+        h = hashlib.sha256()
         for name, t in tensors:
             t = t.detach().cpu().contiguous()
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())

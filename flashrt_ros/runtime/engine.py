@@ -226,6 +226,11 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
+        v1 = getattr(policy, "weights_digest_v1", lambda: None)()
+        # what versions before derived_buffers wrote into capsule files (None: the same)
+        self.fingerprint_v1 = (
+            fingerprint(policy.policy_id, v1, self.layout, self.device.type) if v1 else None
+        )
         self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
         # a fused step is compiled ahead of time and kept beside inductor's caches
         self.precompiled = None
@@ -267,6 +272,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self.store = CapsuleStore(
             capsule_dir,
             fingerprint=self.fingerprint,
+            fingerprint_v1=self.fingerprint_v1,
             layout=self.layout,
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,

@@ -437,7 +437,9 @@ def folder_token(folder: Path) -> str | None:
         except FileNotFoundError:
             text = None
         except OSError as e:
-            log.warning("capsule_dir token %s unreadable (%s): files written here carry none", path, e)
+            log.warning(
+                "capsule_dir token %s unreadable (%s): files written here carry none", path, e
+            )
             return None
         if text and text.isascii() and text.isalnum():
             return text

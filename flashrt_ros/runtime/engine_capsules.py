@@ -168,8 +168,8 @@ class CapsuleVerbs:
             raise BadName(
                 f"capsule file {held.name} exists in capsule_dir and holds the name {name!r} "
                 "(a persisted capsule evicted from the pool, or not loaded at start); pick "
-                "another name, or load_capsule that file and drop it (a file this engine cannot load: "
-                "move it out of capsule_dir)"
+                "another name, or load_capsule that file and drop it (a file this engine "
+                "cannot load: move it out of capsule_dir)"
             )
 
     def write_persist(self, p: PendingPersist) -> None:

@@ -20,7 +20,8 @@ steps in instead: at once (within WATCH_S) when a tick has held the engine for o
 with no publish for EVERY_S (a step stuck on a hung device: an operator's monitor must see
 `engine busy`, not silence, and it did for up to 8 s), and otherwise if the control thread has
 not published for FORCE_S + a second. A few clock reads a second, so diagnostics never stop
-either way. Its publishes, which wait up to 0.25 s for the engine, are not counted as the cost
+either way. It looks on a fixed grid, so a stuck tick is reported every EVERY_S, and such a
+report does not wait for the engine the tick holds. Its publishes are not counted as the cost
 of a publish: that cost sets the slack the loop waits for, and counted it kept the loop from
 publishing for seconds after a stall.
 """
@@ -47,7 +48,7 @@ class Diagnostics:
     STUCK_S = 0.25  # a tick holding the engine this long is stuck (build() reports it busy)
 
     def __init__(
-        self, node, build: Callable[[], DiagnosticArray], lock: EngineLock, group=None
+        self, node, build: Callable[..., DiagnosticArray], lock: EngineLock, group=None
     ) -> None:
         self.pub = node.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # The executor's timer, cancelled while the control thread publishes (see above)
@@ -94,23 +95,34 @@ class Diagnostics:
         """While the control thread publishes: step in when it has not for a while."""
         name_os_thread()
         force = self.FORCE_S + self.EVERY_S
-        while not stop.wait(self.WATCH_S):
+        # looks on a fixed grid, not WATCH_S after its last publish, and takes a publish of
+        # its own at most a look's slack early: a stuck tick is reported every EVERY_S (after
+        # a wait, the look after the next fell short of EVERY_S by a hair: every 1.5 s)
+        due_slack = self.WATCH_S / 4
+        next_look = time.monotonic() + self.WATCH_S
+        while not stop.wait(max(next_look - time.monotonic(), 0.0)):
             now = time.monotonic()
+            next_look += self.WATCH_S * max(1, int((now - next_look) / self.WATCH_S) + 1)
             since = now - self.last
             lock = self.lock
             stuck = lock.locked() and now - lock.held_since > self.STUCK_S
-            if since >= force or (stuck and since >= self.EVERY_S):
+            if since >= force or (stuck and since >= self.EVERY_S - due_slack):
                 try:
-                    self.publish(count=False)
+                    # stuck: the report says so at once (no wait for the engine it holds)
+                    self.publish(count=False, engine_wait_s=0.0 if stuck else None)
                 except Exception as e:  # the context is going away: the loop stops too
                     if not stop.is_set():
                         self.log.error(f"diagnostics publish failed: {type(e).__name__}: {e}")
 
-    def publish(self, count: bool = True) -> None:
-        """Publish now; `count`: its time goes into the cost the loop's slack must hold."""
+    def publish(self, count: bool = True, engine_wait_s: float | None = None) -> None:
+        """Publish now; `count`: its time goes into the cost the loop's slack must hold;
+        `engine_wait_s`: how long build() may wait for the engine (None: its own default)."""
         t0 = time.monotonic()
         self.last, self.behind = t0, False
-        self.pub.publish(self.build())
+        if engine_wait_s is None:
+            self.pub.publish(self.build())
+        else:
+            self.pub.publish(self.build(engine_wait_s=engine_wait_s))
         if count:
             self.costs.append(time.monotonic() - t0)
             self.cost = sorted(self.costs)[len(self.costs) // 2]

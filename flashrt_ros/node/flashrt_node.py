@@ -1141,8 +1141,9 @@ class FlashrtNode(LifecycleNode):
             return "inactive"
         return "finalized" if self.control.finalized else "unconfigured"
 
-    def diagnostic_array(self) -> DiagnosticArray:
-        """This node's /diagnostics message now (published by diagnostics.Diagnostics)."""
+    def diagnostic_array(self, engine_wait_s: float | None = None) -> DiagnosticArray:
+        """This node's /diagnostics message now (published by diagnostics.Diagnostics); it
+        waits up to `engine_wait_s` (default ENGINE_WAIT_S) for the engine, then says busy."""
         sn = self.stats.snapshot(time.monotonic())  # percentiles computed off the stats lock
         rate = sn["rate_hz"]
         kv = {
@@ -1182,10 +1183,11 @@ class FlashrtNode(LifecycleNode):
             self._refused_seen, self._refused_at = sn["refused"], time.monotonic()
         refusing = time.monotonic() - self._refused_at < 2.0  # rate_hz's window
         ctl, poisoned, live, busy_s = self.control, {}, "", 0.0
-        with ctl.lock.within(self.ENGINE_WAIT_S) as held:
+        wait = self.ENGINE_WAIT_S if engine_wait_s is None else engine_wait_s
+        with ctl.lock.within(wait) as held:
             eng = ctl.engine if held else None
             if not held:  # a step or request stuck in the engine: say so, and go on
-                busy_s = time.monotonic() - ctl.lock.held_since
+                busy_s = max(time.monotonic() - ctl.lock.held_since, 0.0)  # inf: just freed
                 kv["engine_busy_s"] = f"{busy_s:.2f}"
             if eng is not None:
                 live, sessions = ctl.live, eng.sessions()

@@ -204,7 +204,9 @@ class EngineLock:
         self.period = 0.0
         self.tick_s = 0.0  # how long a tick takes (a running mean, from the loop)
         self._slow = False  # the holder waited for the lock (its release must wake waiters)
-        self.held_since = 0.0  # when the holder took it (monotonic), for within()'s callers
+        # when the holder took it (monotonic), for within()'s callers; inf while free, so a
+        # holder that has not set it yet is never taken for one stuck since an old time
+        self.held_since = math.inf
 
     def _take(self, timeout: float = -1) -> bool:
         """Acquire as a foreground caller (-1: however long it takes); False on timeout."""
@@ -241,6 +243,7 @@ class EngineLock:
             self.__exit__()
 
     def __exit__(self, *exc) -> None:
+        self.held_since = math.inf
         self._lock.release()
         # Background steps wait for `_waiting` to fall or for a new deadline (schedule() tells
         # them that); a holder that never waited changed neither, so its release wakes nobody.
@@ -306,11 +309,13 @@ class EngineLock:
                 if self._may_go(cost, since):  # still: nobody came while we acquired
                     self.held_since = time.monotonic()
                     break
+            self.held_since = math.inf
             self._lock.release()  # a tick or a request came just now: it goes first
             self._bump()
         try:
             yield
         finally:
+            self.held_since = math.inf
             self._lock.release()
             self._bump()
 

@@ -781,9 +781,10 @@ class FlashrtNode(LifecycleNode):
                 self.control.fault("goal", e)
                 return
         self._goal_echo.say(change, msg.data)
-        more = self._goal_lines.due()
+        line = f"goal applied: {np.round(msg.data, 3).tolist()}"
+        more = self._goal_lines.due(line=line)
         if more is not None:
-            self.control.fast_log.info(f"goal applied: {np.round(msg.data, 3).tolist()}{more}")
+            self.control.fast_log.info(line + more)
 
     def _on_moved(self, eng: Engine, session: str) -> None:
         """A request put the session's state elsewhere (engine lock held): the flight recorder
@@ -1182,6 +1183,8 @@ class FlashrtNode(LifecycleNode):
         if sn["refused"] != self._refused_seen:  # refusals since the last status
             self._refused_seen, self._refused_at = sn["refused"], time.monotonic()
         refusing = time.monotonic() - self._refused_at < 2.0  # rate_hz's window
+        if (goal_line := self._goal_lines.overdue()) is not None:  # a goal stream's last
+            self.control.fast_log.info(goal_line)
         ctl, poisoned, live, busy_s = self.control, {}, "", 0.0
         wait = self.ENGINE_WAIT_S if engine_wait_s is None else engine_wait_s
         with ctl.lock.within(wait) as held:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -148,25 +149,46 @@ def forward_core_logs(logger) -> Callable[[], None]:
 class Throttle:
     """At most one line per `seconds` for a repeated event, saying how many were not written:
     a planner streaming goals at the control rate wrote a line per goal (100+ a second), and
-    a poisoned session repeated its ERROR with every /diagnostics publish (86 400 a day)."""
+    a poisoned session repeated its ERROR with every /diagnostics publish (86 400 a day).
+    Thread-safe: events come from the executor, the control thread and the watchdog."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self._lock = threading.Lock()
         self._last = -1e18
         self._quiet = 0  # events since the last line, not written
         self._text = ""
+        self._held: str | None = None  # the newest event's line held back (due(line=...))
 
     def reset(self) -> None:
         """The condition ended: its next occurrence is written at once."""
-        self._last, self._quiet, self._text = -1e18, 0, ""
+        with self._lock:
+            self._last, self._quiet, self._text, self._held = -1e18, 0, "", None
 
-    def due(self, text: str = "") -> str | None:
+    def due(self, text: str = "", line: str | None = None) -> str | None:
         """The suffix to write with this event's line ("" or " (N more since the last line)"),
-        or None when the line is held back. A new `text` is always written (a new reason)."""
-        now = time.monotonic()
-        if text == self._text and now - self._last < self.seconds:
-            self._quiet += 1
-            return None
-        more = f" ({self._quiet} more since the last line)" if self._quiet else ""
-        self._last, self._quiet, self._text = now, 0, text
-        return more
+        or None when the line is held back. A new `text` is always written (a new reason).
+        `line`: this event's line, kept while held back so that overdue() can write it."""
+        with self._lock:
+            now = time.monotonic()
+            if text == self._text and now - self._last < self.seconds:
+                self._quiet += 1
+                self._held = line
+                return None
+            # the count is of this reason's lines (a new reason's line gets none)
+            same = text == self._text
+            more = f" ({self._quiet} more since the last line)" if self._quiet and same else ""
+            self._last, self._quiet, self._text, self._held = now, 0, text, None
+            return more
+
+    def overdue(self) -> str | None:
+        """The newest held-back line, with the count, once its window has passed; else None.
+        Called now and then (each /diagnostics publish): the last goal of a stream that stopped
+        is written, not left unsaid until the next goal minutes later."""
+        with self._lock:
+            now = time.monotonic()
+            if self._held is None or now - self._last < self.seconds:
+                return None
+            line = f"{self._held} (the last of {self._quiet} since the last line)"
+            self._last, self._quiet, self._held = now, 0, None
+            return line

@@ -44,6 +44,11 @@ class FingerprintMismatch(BadRequest):
     """A capsule of another policy, weights, state layout or device."""
 
 
+class DiskError(BadRequest):
+    """capsule_dir refused a write (full, read-only, no permission): the operator's to fix.
+    Counted apart from refused requests (a name taken meanwhile is no trouble of the disk)."""
+
+
 class CapacityError(FlashrtError, RuntimeError):
     """A bound is reached: the pool is full of pinned capsules, or max_sessions sessions exist."""
 

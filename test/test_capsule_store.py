@@ -644,3 +644,41 @@ def test_a_token_file_that_holds_no_token_is_replaced_and_the_start_goes_on(tmp_
     again = make_engine(capsule_dir=tmp_path)
     assert [c.name for c in again.capsules()] == ["kept"]
     assert again.store.token == token
+
+
+def test_only_a_refusing_disk_is_a_disk_error(tmp_path):
+    """/diagnostics counts failed writes to capsule_dir (disk_write_failures) and WARNs until one
+    succeeds: a file that exists (a name taken meanwhile) is a refused request, not the disk's
+    trouble, and must not raise that WARN; a folder the disk refuses is."""
+    from flashrt_ros.errors import DiskError
+
+    eng = stepped()
+    info = eng.checkpoint()
+    (tmp_path / "taken.fcap").write_bytes(b"x")
+    with pytest.raises(BadRequest, match="exists") as taken:
+        eng.store.write(tmp_path / "taken.fcap", info, eng.pool.slab[0])
+    assert not isinstance(taken.value, DiskError)
+    # a folder nobody may create files in, root included (tests run as root in CI)
+    with pytest.raises(DiskError, match="cannot write"):
+        eng.store.write(Path("/proc/self/x.fcap"), info, eng.pool.slab[0])
+
+
+def test_a_file_not_loaded_at_start_leaves_the_list_once_loaded_or_moved_out(tmp_path):
+    """/diagnostics names the files the start did not load (capsule_files_not_loaded,
+    last_not_loaded); it went on naming one after the operator loaded it or moved it away."""
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=4)
+    for name in ("a", "b", "c"):
+        eng.checkpoint(name=name, persist=True)
+    small = make_engine(capsule_dir=tmp_path, capsule_slots=2)
+    (skipped,) = small.store.still_not_loaded()
+    assert "slot" in skipped.reason, skipped
+    kept = [c.name for c in small.capsules()]
+    small.drop(kept[0])  # room, and its file goes with it
+    small.load_capsule(skipped.path)
+    assert small.store.still_not_loaded() == []
+    (tmp_path / "junk.fcap").write_bytes(b"not a capsule")
+    again = make_engine(capsule_dir=tmp_path, capsule_slots=2)
+    (junk,) = again.store.still_not_loaded()
+    assert junk.path.name == "junk.fcap"
+    junk.path.rename(tmp_path.parent / "junk.fcap")  # the operator moves it out
+    assert again.store.still_not_loaded() == []

@@ -24,7 +24,13 @@ import torch
 from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
-from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, FingerprintMismatch
+from flashrt_ros.errors import (
+    BadName,
+    BadRequest,
+    CorruptCapsule,
+    DiskError,
+    FingerprintMismatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +161,7 @@ class CapsuleStore:
         except FileExistsError:
             raise BadRequest(f"{path} exists; remove it first or pick another path") from None
         except OSError as e:  # disk full, read-only, permissions: the caller's input problem
-            raise BadRequest(f"cannot write {path}: {e.strerror}") from None
+            raise DiskError(f"cannot write {path}: {e.strerror}") from None
 
     def check_header(self, path: str | Path, header: dict) -> None:
         """Refuse a file of another engine before its payload is read."""
@@ -277,6 +283,11 @@ class CapsuleStore:
         if owned is not None and owned.still_holds(info):
             owned.path.unlink(missing_ok=True)
 
+    def still_not_loaded(self) -> list[NotLoaded]:
+        """The files the start did not load that are still there (one moved out of capsule_dir
+        by the operator is dealt with; one loaded since left the list in adopt)."""
+        return [n for n in self.not_loaded if os.path.lexists(n.path)]
+
     def adopt(
         self, path: str | Path, info: CapsuleInfo, live: Callable[[str], bool] = lambda c: True
     ) -> None:
@@ -284,6 +295,8 @@ class CapsuleStore:
         (drop removes it), unless another capsule that `live(id)` says is in the pool already
         does: the file of an evicted capsule, loaded again, is the loaded capsule's."""
         path = Path(path)
+        # loaded now: no longer one the start did not load (/diagnostics named it until then)
+        self.not_loaded = [n for n in self.not_loaded if not same_file(n.path, path)]
         if not self._in_folder(path) or path.name.startswith("."):
             return
         for cid, owned in list(self._files.items()):

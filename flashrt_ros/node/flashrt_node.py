@@ -408,6 +408,7 @@ class FlashrtNode(LifecycleNode):
         """Hold capsule_dir's lock from configure to cleanup (capsules/folder_lock.py): a second
         node given the same folder fails its configure, naming this one, instead of reloading
         and deleting this node's capsules and flight dumps."""
+        self.control.new_folder()
         if not folder:
             return
         lock = lock_folder(folder, self.get_fully_qualified_name())
@@ -1197,7 +1198,7 @@ class FlashrtNode(LifecycleNode):
                 poisoned = {s: why for s in sessions if (why := eng.poisoned(s))}
                 # capsules lost: evicted from a full pool, files not loaded at start
                 kv["capsules_evicted"] = str(eng.evicted_total)
-                lost = eng.store.not_loaded
+                lost = eng.store.still_not_loaded()
                 kv["capsule_files_not_loaded"] = str(len(lost))
                 kv["last_not_loaded"] = f"{lost[-1].path}: {lost[-1].reason}" if lost else ""
                 kv["live_session"] = live

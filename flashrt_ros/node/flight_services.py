@@ -53,7 +53,7 @@ from flashrt_ros.capsules import diskfmt
 from flashrt_ros.capsules.checksum import device_checksum, to_hex
 from flashrt_ros.capsules.info import CapsuleInfo
 from flashrt_ros.capsules.names import check_capsule_name
-from flashrt_ros.errors import BadRequest, CapacityError
+from flashrt_ros.errors import BadRequest, CapacityError, DiskError
 from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.loop import name_os_thread
 from flashrt_ros.runtime.flight import nonfinite_regions, require_past
@@ -672,7 +672,8 @@ class FlightServices:
         try:
             paths, folder = self._write(snap, Path(base).expanduser(), name, tail, budget)
         except Exception as e:  # noqa: BLE001
-            self.ctl.wrote(f"{reason} flight dump to {base}: {e}")
+            if isinstance(e, DiskError):  # not a refused name or folder: the disk's trouble
+                self.ctl.wrote(f"{reason} flight dump to {base}: {e}")
             if done is not None:
                 done.set_exception(e)
                 self._wake_up()
@@ -701,7 +702,7 @@ class FlightServices:
             return self._write_in(snap, base, name, tail, budget)
         except OSError as e:
             where = e.filename or base / FLIGHT_DIR
-            raise BadRequest(f"cannot write the flight dump at {where}: {e.strerror}") from None
+            raise DiskError(f"cannot write the flight dump at {where}: {e.strerror}") from None
 
     def _write_in(self, snap: Snapshot, base: Path, name: str, tail: str, budget: int | None):
         root = self._root(base)

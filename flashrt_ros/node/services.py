@@ -26,7 +26,14 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from rclpy.task import Future
 
-from flashrt_ros.errors import BadName, BadRequest, CapacityError, UnknownReference, shown
+from flashrt_ros.errors import (
+    BadName,
+    BadRequest,
+    CapacityError,
+    DiskError,
+    UnknownReference,
+    shown,
+)
 from flashrt_ros.node.convert import capsule_msg, evictions
 from flashrt_ros.node.logs import FastLog
 from flashrt_ros.node.loop import EngineLock, name_os_thread
@@ -92,14 +99,21 @@ class Control:
         self.disk_failures = 0
         self.disk_error = ""
         self.disk_failing = False
+        self._disk_lock = threading.Lock()  # two writer threads: persists and flight dumps
 
     def wrote(self, error: str = "") -> None:
-        """A write to capsule_dir ended: fine (""), or failed saying `error`."""
-        if error:
-            self.disk_failures += 1
-            self.disk_error, self.disk_failing = error, True
-        else:
-            self.disk_failing = False
+        """A write to capsule_dir ended: fine (""), or failed saying `error` (a DiskError)."""
+        with self._disk_lock:
+            if error:
+                self.disk_failures += 1
+                self.disk_error, self.disk_failing = error, True
+            else:
+                self.disk_failing = False
+
+    def new_folder(self) -> None:
+        """capsule_dir was (re)configured: an earlier folder's failing writes are not its own."""
+        with self._disk_lock:
+            self.disk_error, self.disk_failing = "", False
 
     def say(self, text: str, warn: bool = False) -> None:
         """A line about a request, written after the reply (write_said). For handlers, which
@@ -308,7 +322,7 @@ class CapsuleServices:
             try:
                 eng.write_persist(pending)
             except Exception as e:
-                if not isinstance(e, BadName):  # a name taken meanwhile: no disk trouble
+                if isinstance(e, DiskError):  # not a name or file taken meanwhile
                     self.ctl.wrote(f"persist {pending.path.name}: {e}")
                 done.set_exception(e)
             else:

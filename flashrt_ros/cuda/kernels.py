@@ -155,7 +155,8 @@ extern "C" __global__ void frt_probe(const unsigned int* __restrict__ w, unsigne
 """
 FINITE_KINDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
-THREADS = 256
+THREADS = 256  # whole warps: the kernels' full-mask shuffles need them
+assert THREADS % 32 == 0
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -298,6 +299,8 @@ def launch_probe(
     of `table` (as launch_finite)], and, when given, `slot` <- buf and `row` (16 bytes) <- the
     digest. `acc` (int64 [3 + R], zero before the first launch) is left zero for the next one.
     On driver stream `h` (capturable); the caller checked probe_ready."""
+    if buf.numel() % 4:  # the kernel checksums and copies whole 32-bit words
+        raise ValueError(f"frt_probe needs whole 32-bit words, got {buf.numel()} bytes")
     index = buf.get_device()
     n = buf.numel() // 4
     work = max(n, most)

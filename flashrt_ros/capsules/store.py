@@ -92,7 +92,7 @@ class CapsuleStore:
         *,
         fingerprint: str,
         layout: list[dict],
-        fingerprint_v1: str | None = None,
+        fingerprint_v1: Callable[[], str | None] = lambda: None,
         nbytes: int,
         policy_id: str,
     ):
@@ -141,11 +141,10 @@ class CapsuleStore:
     def written_before_v2(self, header: dict) -> bool:
         """A file of the versions before folder tokens and derived_buffers' digest, written by
         this engine's policy, weights and layout as those versions fingerprinted them."""
-        return (
-            self.fingerprint_v1 is not None
-            and "folder" not in header
-            and header["fingerprint"] == self.fingerprint_v1
-        )
+        if "folder" in header:  # only versions with the new fingerprint write tokens
+            return False
+        v1 = self.fingerprint_v1()
+        return v1 is not None and header["fingerprint"] == v1
 
     def write(self, path: str | Path, info: CapsuleInfo, state: torch.Tensor) -> Path:
         """Write a capsule file (atomic) holding `state`, the arena bytes of `info`; an

@@ -14,6 +14,7 @@ session: it refuses to step or be checkpointed until a restore or branch into it
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -226,11 +227,6 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self.fingerprint = fingerprint(
             policy.policy_id, policy.weights_digest(), self.layout, self.device.type
         )
-        v1 = getattr(policy, "weights_digest_v1", lambda: None)()
-        # what versions before derived_buffers wrote into capsule files (None: the same)
-        self.fingerprint_v1 = (
-            fingerprint(policy.policy_id, v1, self.layout, self.device.type) if v1 else None
-        )
         self.compile_cache = use_compile_cache(compile_cache_dir, self.fingerprint)
         # a fused step is compiled ahead of time and kept beside inductor's caches
         self.precompiled = None
@@ -272,7 +268,7 @@ class Engine(CapsuleVerbs, FlightVerbs):
         self.store = CapsuleStore(
             capsule_dir,
             fingerprint=self.fingerprint,
-            fingerprint_v1=self.fingerprint_v1,
+            fingerprint_v1=lambda: self.fingerprint_v1,
             layout=self.layout,
             nbytes=self.state_nbytes,
             policy_id=policy.policy_id,
@@ -312,6 +308,14 @@ class Engine(CapsuleVerbs, FlightVerbs):
                 self.flight_ticks,
                 self.device,
             )  # begun by the second step (_tick), so it never competes with the first
+
+    @functools.cached_property
+    def fingerprint_v1(self) -> str | None:
+        """The fingerprint versions before derived_buffers wrote into capsule files (None: the
+        same as `fingerprint`). Computed when a file of theirs is met, not at every start: the
+        digest reads every weight again (a second of a large policy's start)."""
+        v1 = getattr(self.policy, "weights_digest_v1", lambda: None)()
+        return fingerprint(self.policy.policy_id, v1, self.layout, self.device.type) if v1 else None
 
     # -- sessions ----------------------------------------------------------------------------------
     @property

@@ -38,6 +38,18 @@ __device__ __forceinline__ unsigned long long mix(unsigned long long v, unsigned
     unsigned long long x = ((v ^ ((i * m1) & M32)) * m2) & MASK62;
     return x ^ (x >> 29);
 }
+// The block's warps add their two checksum lanes into to[0], to[1] (one atomic per warp).
+__device__ __forceinline__ void add_lanes(unsigned long long a0, unsigned long long a1,
+                                          unsigned long long* to) {
+    for (int o = 16; o > 0; o >>= 1) {
+        a0 += __shfl_down_sync(0xffffffffu, a0, o);
+        a1 += __shfl_down_sync(0xffffffffu, a1, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(to, a0);
+        atomicAdd(to + 1, a1);
+    }
+}
 extern "C" __global__ void frt_checksum(const unsigned int* __restrict__ w,
                                         unsigned long long n, unsigned long long* out) {
     unsigned long long a0 = 0, a1 = 0;
@@ -48,14 +60,7 @@ extern "C" __global__ void frt_checksum(const unsigned int* __restrict__ w,
         a0 += mix(v, i, LANE0_M1, LANE0_M2);
         a1 += mix(v, i, LANE1_M1, LANE1_M2);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        a0 += __shfl_down_sync(0xffffffffu, a0, o);
-        a1 += __shfl_down_sync(0xffffffffu, a1, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicAdd(out, a0);
-        atomicAdd(out + 1, a1);
-    }
+    add_lanes(a0, a1, out);
 }
 // bad[r] <- 1 when region r of `base` holds a NaN or an Inf (bad is zeroed by the caller).
 // Region r is table[3r .. 3r+2] = (byte offset, element count, kind): 0 float32, 1 float64,
@@ -104,15 +109,8 @@ extern "C" __global__ void frt_probe(const unsigned int* __restrict__ w, unsigne
         a0 += mix(v, i, LANE0_M1, LANE0_M2);
         a1 += mix(v, i, LANE1_M1, LANE1_M2);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        a0 += __shfl_down_sync(0xffffffffu, a0, o);
-        a1 += __shfl_down_sync(0xffffffffu, a1, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicAdd(acc, a0);
-        atomicAdd(acc + 1, a1);
-        __threadfence();
-    }
+    add_lanes(a0, a1, acc);
+    if ((threadIdx.x & 31) == 0) __threadfence();  // the lanes' adds before the block's count
     const unsigned char* base = (const unsigned char*)w;
     for (int r = 0; r < nreg; ++r) {
         long long off = table[3 * r], cnt = table[3 * r + 1], kind = table[3 * r + 2];

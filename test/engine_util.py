@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import time
+
 import numpy as np
 
 from flashrt_ros import Engine, load_policy
@@ -29,3 +32,24 @@ def tiny_policy(**kw):
     from flashrt_ros.policies.hybrid import HybridConfig, HybridPolicy
 
     return HybridPolicy(HybridConfig(d_model=16, n_heads=2, **kw))
+
+
+@functools.cache
+def cpu_step_s(policy: str = "builtin:hybrid") -> float:
+    """The median time of one eager CPU step of `policy` in this process: tests that need a node
+    to keep up with a rate pick the rate from it (builtin:hybrid's step is ~1 ms on one 2-core
+    CI machine and ~4 ms on another; at a fixed 500 Hz the slower one could not keep up)."""
+    eng = make_engine(policy=policy)
+    obs = observations(40, seed=3)
+    times = []
+    for o in obs:
+        t0 = time.perf_counter()
+        eng.step(o)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[10:]))
+
+
+def rate_with_room(share: float, most_hz: float) -> float:
+    """A control rate at which one CPU step of builtin:hybrid fills `share` of the period, at
+    most `most_hz`."""
+    return min(most_hz, share / cpu_step_s())

@@ -96,8 +96,8 @@ class Diagnostics:
         name_os_thread()
         force = self.FORCE_S + self.EVERY_S
         # looks on a fixed grid, not WATCH_S after its last publish, and takes a publish of
-        # its own at most a look's slack early: a stuck tick is reported every EVERY_S (after
-        # a wait, the look after the next fell short of EVERY_S by a hair: every 1.5 s)
+        # its own at most a look's slack early: a stuck tick is reported every EVERY_S (with
+        # a 0.25 s wait for the engine in each report, the looks made it every 1.25 s)
         due_slack = self.WATCH_S / 4
         next_look = time.monotonic() + self.WATCH_S
         while not stop.wait(max(next_look - time.monotonic(), 0.0)):

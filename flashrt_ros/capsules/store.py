@@ -98,8 +98,9 @@ class CapsuleStore:
     ):
         self.folder = Path(folder).expanduser() if folder else None  # "~/capsules" too
         self.fingerprint = fingerprint
-        # the fingerprint earlier versions gave this engine (before derived_buffers were
-        # digested): a file of theirs, which carries no folder token, is still this engine's
+        # returns the fingerprint earlier versions gave this engine (before derived_buffers
+        # were digested; computed when first asked): a file of theirs, which carries no folder
+        # token, is still this engine's
         self.fingerprint_v1 = fingerprint_v1
         self.layout = layout
         self.nbytes = int(nbytes)

@@ -171,19 +171,21 @@ class Policy(torch.nn.Module):
         # and the tensors modules compute from their configuration (derived_buffers): a setting
         # the policy id does not name still changes the fingerprint (a diffusion policy's
         # number of denoising steps changes its schedule)
-        derived = sorted(
-            (f"{prefix}{'.' if prefix else ''}{k}", getattr(m, k))
-            for prefix, m in self.named_modules()
-            for k in getattr(m, "derived_buffers", ())
-        )
-        return self._digest(sorted(self.state_dict().items()) + derived)
+        return self._digest(sorted(self.state_dict().items()) + self._derived())
 
     def weights_digest_v1(self) -> str | None:
         """The digest of the versions before derived_buffers were read (the state dict alone),
         or None where it equals weights_digest(): capsule files those versions wrote carry it,
         and the store still takes them (CapsuleStore.check_header), so an upgrade keeps them."""
-        has_derived = any(getattr(m, "derived_buffers", ()) for m in self.modules())
-        return self._digest(sorted(self.state_dict().items())) if has_derived else None
+        return self._digest(sorted(self.state_dict().items())) if self._derived() else None
+
+    def _derived(self) -> list[tuple[str, torch.Tensor]]:
+        """(qualified name, tensor) of every module's derived_buffers, sorted by name."""
+        return sorted(
+            (f"{prefix}{'.' if prefix else ''}{k}", getattr(m, k))
+            for prefix, m in self.named_modules()
+            for k in getattr(m, "derived_buffers", ())
+        )
 
     @staticmethod
     def _digest(tensors: list) -> str:

@@ -58,6 +58,11 @@ def slow_above(threshold: float = THRESHOLD, seconds: float = 3.0) -> Policy:
     return SlowAbove(load_policy("builtin:hybrid"), threshold, seconds).eval()
 
 
+def slow5_above(threshold: float = THRESHOLD) -> Policy:
+    """A 5 s stall: room for two 1 s watchdog reports however late a loaded machine starts it."""
+    return slow_above(threshold, seconds=5.0)
+
+
 def stuck_above(threshold: float = THRESHOLD) -> Policy:
     """A step that stays stuck for a minute: longer than any test waits for an exit."""
     return slow_above(threshold, seconds=60.0)

@@ -441,28 +441,34 @@ def test_ctrl_c_holds_the_trajectory_and_ends_the_node_cleanly_during_a_rollout(
 
 def test_diagnostics_say_engine_busy_while_a_timer_tick_is_stuck(ros):
     """In timer mode the control thread publishes /diagnostics itself; with its tick stuck (a
-    hung device; here a 3 s sleep) nothing came for up to 8 s (the watchdog looked every 4 s),
+    hung device; here a 5 s sleep) nothing came for up to 8 s (the watchdog looked every 4 s),
     so a monitor saw silence, not the ERROR. Now the watchdog reports it within about a
-    second and a half, every second while it lasts, and the loop's own publishes resume."""
+    second and a half, every second while it lasts, and the loop's own publishes resume.
+
+    The timings are read from the reports (engine_busy_s, the node's own clock): on a loaded
+    2-core machine the stuck observation may be taken late, so the test's clock says little."""
     with importable_tests():
         proc = ros.start_node(
-            {"trigger": "timer", "rate_hz": 100.0, "policy": "test.nan_policy:slow_above"},
+            {"trigger": "timer", "rate_hz": 100.0, "policy": "test.nan_policy:slow5_above"},
             namespace="stuck_timer",
         )
     c = NodeClient(ros, proc)
     stuck = OBS[0].copy()
-    stuck[0] = 600.0  # above slow_above's threshold: the step sleeps 3 s
+    stuck[0] = 600.0  # above the policy's threshold: the step sleeps 5 s
     with feeding(c, OBS[1:100], hz=100) as box:
         assert ros.spin_until(lambda: len(c.commands) > 20, 10), proc.log_tail()
         n = len(c.diagnostics)
         box[0] = stuck
-        t0 = time.monotonic()
 
         def busy():
             return [d for d in c.diagnostics[n:] if "engine_busy_s" in d and d["_level"] == ERROR]
 
-        assert ros.spin_until(lambda: len(busy()) >= 2, 2.9), (c.diagnostics[n:], proc.log_tail())
-        assert time.monotonic() - t0 < 3.0  # while the tick was stuck
+        assert ros.spin_until(lambda: len(busy()) >= 2, 8.0), (c.diagnostics[n:], proc.log_tail())
+        first, second = (float(d["engine_busy_s"]) for d in busy()[:2])
+        assert 1.0 <= first <= 2.3, busy()  # within about a second and a half of the stall
+        assert 0.5 <= second - first <= 1.8, busy()  # then about every second (not 4 s)
+        assert second < 5.0, busy()  # while the tick was stuck
+        assert ros.spin_until(lambda: "engine_busy_s" not in c.diagnostics[-1], 8.0)
         m = len(c.diagnostics)
         # after it, the loop publishes again at 1 Hz (the watchdog's slow publishes are not
         # the loop's cost: counted, they kept it from publishing for seconds)

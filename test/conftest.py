@@ -35,6 +35,11 @@ from test.ros_helpers import (
 
 
 def pytest_configure(config):
+    # inductor checks each SIMD level of the CPU by building a probe and loading it in a child
+    # Python (~2.7 s each, ~5.5 s per compiling process on a 2-core CI machine); the levels it
+    # checks are those /proc/cpuinfo lists, so the suite takes them as working. Set before the
+    # first import of inductor, and inherited by every child process a test starts.
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     # Fast DDS files left by ROS processes killed in earlier runs: a new process may be given
     # one of their ports and then receive nothing (ros_helpers.clean_stale_fastdds_shm)
     ros_helpers.clean_stale_fastdds_shm()

@@ -20,7 +20,7 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import srv
-from test.engine_util import make_engine, observations
+from test.engine_util import make_engine, observations, rate_with_room
 from test.node_client import JOINTS, NodeClient, feeding, settled_count
 from test.node_client import set_params as _set
 from test.ros_helpers import importable_tests
@@ -30,7 +30,11 @@ OBS = observations(200, seed=11)
 ERROR = int.from_bytes(DiagnosticStatus.ERROR, "little")
 WARN = int.from_bytes(DiagnosticStatus.WARN, "little")
 OK = int.from_bytes(DiagnosticStatus.OK, "little")
-RATE = 200.0  # the timer node's; a CPU step takes ~1.7 ms of each 5 ms period
+# the timer node's: 200 Hz where a CPU step takes ~1.7 ms of each 5 ms period; lower where the
+# step is slower, so that a rollout step still fits between two ticks (at 200 Hz a 4 ms step
+# left none: the long rollout crept along in the loop's late starts, 75 s for 1000 steps; a
+# 0.35 share still left too little beside the tick's inputs and publish, 17 steps a second)
+RATE = rate_with_room(0.25, 200.0)
 
 
 def finite_rows(rows) -> bool:
@@ -363,7 +367,9 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     """The loop keeps its rate during the rollout (it fell to 7-13 Hz when the rollout held the
     lock and the executor), and a list_capsules request in the middle answers at once."""
     c, ros = timer_node, timer_node.ros
-    steps = 1000  # ~1.7 ms each on this CPU: a few seconds between the control ticks
+    # ~1.7 ms each on a 200 Hz machine's CPU: a few seconds between the control ticks (fewer
+    # where RATE is lower: a slower machine's steps fill more of them)
+    steps = int(1000 * RATE / 200.0)
     req = srv.Rollout.Request(observations=OBS[np.arange(steps) % len(OBS)].ravel().tolist())
     req.n_steps = steps
     client = ros.client(srv.Rollout, c.proc.service("rollout"))

@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
 USAGE = """usage: flashrt_node [--ros-args -p NAME:=VALUE ... --params-file FILE]
 
@@ -98,28 +97,6 @@ def main(args: Sequence[str] | None = None) -> int:
         if interrupts.signalled:
             return stopped_early()
         raise
-
-
-def exit_now(status: int) -> NoReturn:
-    """End the process with `status` once main() returned: the atexit handlers run (the flight
-    recorder's queued dumps are written there), then a collection and C's exit() (which
-    flushes C's stdio: rcutils logs from C), but not the interpreter's teardown of torch's
-    modules. That took ~0.8 s after the node had already shut rclpy down: a `ros2 launch`
-    restart or a respawn waited for it."""
-    import atexit
-    import ctypes
-
-    atexit._run_exitfuncs()
-    # what the handlers held (the flight recorder holds the node) and main()'s frames are freed
-    # now, and with them the DDS participant, which removes its shared-memory files (skipping
-    # this left them in /dev/shm: test_dds_hygiene)
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing left to tell
-            stream.flush()
-    # PyDLL keeps the GIL through the call: no Python thread runs during the destructors
-    ctypes.PyDLL(None).exit(int(status))
-    os._exit(status)  # not reached
 
 
 def stopped_early() -> int:

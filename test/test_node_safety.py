@@ -35,6 +35,9 @@ OK = int.from_bytes(DiagnosticStatus.OK, "little")
 # left none: the long rollout crept along in the loop's late starts, 75 s for 1000 steps; a
 # 0.35 share still left too little beside the tick's inputs and publish, 17 steps a second)
 RATE = rate_with_room(0.25, 200.0)
+# its observations: half its rate, so each one is stepped (fed faster than the ticks, an
+# observation put in the stream, the NaN one, could be superseded before a tick took it)
+FEED_HZ = RATE / 2
 
 
 def finite_rows(rows) -> bool:
@@ -294,7 +297,7 @@ def holds(trajs: list) -> list:
 
 def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
     c = timer_node
-    with feeding(c, OBS) as box:
+    with feeding(c, OBS, hz=FEED_HZ) as box:
         assert c.ros.spin_until(lambda: len(c.commands) > 20, 10)
         h = len(holds(c.trajs))
         box[0] = poisoning(OBS[0])
@@ -328,14 +331,14 @@ def test_joint_trajectory_output_is_cancelled_when_the_robot_must_hold(timer_nod
         return ros.call(change, ChangeState.Request(transition=Transition(id=tid)), 30).success
 
     h = len(holds(c.trajs))
-    with feeding(c, OBS):
+    with feeding(c, OBS, hz=FEED_HZ):
         assert ros.spin_until(lambda: len(c.trajs) > 20, 10)
     # the feed stopped: stale after obs_timeout_s (0.5 s), one hold
     assert ros.spin_until(lambda: len(holds(c.trajs)) == h + 1, 5), c.proc.log_tail()
     ros.spin_for(0.6)
     assert len(holds(c.trajs)) == h + 1 and not c.trajs[-1].points
     assert list(c.trajs[-1].joint_names) == JOINTS
-    with feeding(c, OBS):
+    with feeding(c, OBS, hz=FEED_HZ):
         n = len(c.trajs)
         assert ros.spin_until(lambda: len(c.trajs) > n + 10, 10)
         assert transition(Transition.TRANSITION_DEACTIVATE)
@@ -374,7 +377,7 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     req.n_steps = steps
     client = ros.client(srv.Rollout, c.proc.service("rollout"))
     assert client.wait_for_service(timeout_sec=10)
-    with feeding(c, OBS):
+    with feeding(c, OBS, hz=FEED_HZ):
         assert ros.spin_until(lambda: len(c.commands) > 50, 10)
         n_base, t_base = len(c.commands), time.monotonic()
         ros.spin_for(1.5)  # the rate this (shared, noisy) machine gives without a rollout
@@ -426,7 +429,7 @@ def test_ctrl_c_holds_the_trajectory_and_ends_the_node_cleanly_during_a_rollout(
     req.n_steps = steps
     client = ros.client(srv.Rollout, proc.service("rollout"))
     assert client.wait_for_service(timeout_sec=10)
-    with feeding(c, OBS):
+    with feeding(c, OBS, hz=FEED_HZ):
         assert ros.spin_until(lambda: len(c.commands) > 20 and len(trajs) > 20, 10)
         fut = client.call_async(req)
         ros.spin_for(1.0)

@@ -797,7 +797,8 @@ class FlightServices:
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued dumps, then end the flight thread and, once the copies it took
-        are written, the writer's."""
+        are written, the writer's. Called at exit (main.py), or else by atexit."""
+        atexit.unregister(self.close)  # done: the registry must not keep the node alive
         if self._writer.is_alive():
             self._jobs.put(None)
             self._writer.join(timeout=timeout)

@@ -246,6 +246,12 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             unforward()
         if rclpy.ok():
             rclpy.shutdown()
+        if node is not None:
+            node.flight.close()  # the stop's dump written; it also held the node (atexit)
+        # Nothing may keep the node alive past the collection below (the hold is the last
+        # reference): its handles keep the DDS participant, which goes with the context only.
+        node = executor = services = wake = None
+        interrupts.before_exit = interrupts.log = None
         # configure froze every object it had made (gc.freeze, flashrt_node.py): what of rclpy
         # sits in reference cycles among them would never be collected, and the DDS
         # participant never destroyed, leaving its shared-memory files in /dev/shm (a later
@@ -258,6 +264,9 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
         # stays ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # ...and what is left is torch's heap, walked again by the interpreter's last
+        # collection for nothing: frozen, a stop takes ~0.5 s instead of ~1 s (2-core machine)
+        gc.freeze()
     return 0
 
 

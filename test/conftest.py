@@ -41,10 +41,18 @@ def pytest_configure(config):
     # first import of inductor, and inherited by every child process a test starts.
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     # Fast DDS files left by ROS processes killed in earlier runs: a new process may be given
-    # one of their ports and then receive nothing (ros_helpers.clean_stale_fastdds_shm)
-    ros_helpers.clean_stale_fastdds_shm()
+    # one of their ports and then receive nothing (ros_helpers.clean_stale_fastdds_shm). Once
+    # per run, before any test: in a parallel run the controller does it (a worker could meet
+    # the files of the other's node starting, before it locked them).
+    if not hasattr(config, "workerinput"):
+        ros_helpers.clean_stale_fastdds_shm()
     # rclpy -> rosidl_parser -> lark-parser 0.12 imports the deprecated sre_* modules
     config.addinivalue_line("filterwarnings", "ignore:module 'sre_:DeprecationWarning")
+    config.addinivalue_line(
+        "markers",
+        "exclusive: the verdict rests on timing (a rate, a latency, a watchdog's period), so "
+        "`make test` runs it alone, after the tests it runs in parallel",
+    )
     config.addinivalue_line(
         "markers",
         "cuda: needs a CUDA device (the GPU machine: pytest -m cuda test/test_cuda.py); skipped "

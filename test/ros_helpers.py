@@ -43,16 +43,29 @@ except Exception as exc:  # pragma: no cover - depends on the environment
 HAVE_RCLPY = RCLPY_IMPORT_ERROR is None
 
 # Test domains are 101..200 (env.sh picks 1..100 for interactive use); spread by pid so that
-# concurrent pytest processes on one machine do not meet.
+# concurrent pytest processes on one machine do not meet. The workers of one parallel run
+# (pytest-xdist: PYTEST_XDIST_WORKER gw0, gw1, ...) each take a band of their own, because two
+# workers walking the same span in step would meet on a domain for as long as the run lasts.
 _DOMAIN_BASE = 101
 _DOMAIN_SPAN = 100
 _domain_counter = itertools.count()
 
 
+def _domain_band() -> tuple[int, int]:
+    """(first domain, how many) of this process's band."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return _DOMAIN_BASE, _DOMAIN_SPAN
+    width = _DOMAIN_SPAN // count
+    return _DOMAIN_BASE + int(worker[2:]) % count * width, width
+
+
 def fresh_domain_id() -> int:
-    """A ROS_DOMAIN_ID not used before by this process (cycles after 100 calls)."""
+    """A ROS_DOMAIN_ID not used before by this process (cycles through its band)."""
     n = next(_domain_counter)
-    return _DOMAIN_BASE + (os.getpid() * 7 + n) % _DOMAIN_SPAN
+    base, span = _domain_band()
+    return base + (os.getpid() * 7 + n) % span
 
 
 @contextlib.contextmanager
@@ -258,9 +271,26 @@ def clean_stale_fastdds_shm(folder: Path | str = "/dev/shm") -> list[str]:
     can fail to open it ("open_and_lock_file failed") and then receive nothing. Only a name
     whose `_el` lock nobody holds is removed, with its `sem.<name>_mutex`; anything without an
     `_el` file is left alone, as is everything of a live process, ours or anyone's."""
+    removed = []
+    for el in _unlocked_fastdds_locks(folder):  # unlinked while we hold the lock
+        base = el.name[: -len("_el")]
+        for f in (el.with_name(base), el.with_name(f"sem.{base}_mutex"), el):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+        removed.append(base)
+    return removed
+
+
+def stale_fastdds_names(folder: Path | str = "/dev/shm") -> list[str]:
+    """Names of Fast DDS shared-memory files (without `_el`) whose `_el` lock nobody holds:
+    their process is gone (clean_stale_fastdds_shm says why that matters)."""
+    return [el.name[: -len("_el")] for el in _unlocked_fastdds_locks(folder)]
+
+
+def _unlocked_fastdds_locks(folder: Path | str) -> Iterator[Path]:
+    """Each `fastdds_*_el` whose lock nobody holds, yielded while this process holds it."""
     import fcntl
 
-    removed = []
     for el in sorted(Path(folder).glob("fastdds_*_el")):
         try:
             fd = os.open(el, os.O_RDONLY)
@@ -272,14 +302,9 @@ def clean_stale_fastdds_shm(folder: Path | str = "/dev/shm") -> list[str]:
             os.close(fd)
             continue
         try:
-            base = el.name[: -len("_el")]
-            for f in (el.with_name(base), el.with_name(f"sem.{base}_mutex"), el):
-                with contextlib.suppress(FileNotFoundError):
-                    f.unlink()
-            removed.append(base)
+            yield el
         finally:
             os.close(fd)
-    return removed
 
 
 def spin_until(node, predicate, timeout: float = 10.0) -> bool:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from test.node_client import NodeClient
-from test.ros_helpers import clean_stale_fastdds_shm
+from test.ros_helpers import clean_stale_fastdds_shm, stale_fastdds_names
 
 
 def test_only_names_whose_lock_nobody_holds_are_removed(tmp_path):
@@ -48,8 +48,8 @@ def test_the_node_leaves_no_shared_memory_files_when_it_ends(ros):
     c.latest_diag(10.0)  # active, and talking to this process over DDS
     made = _shm_files() - before
     assert proc.stop() == 0
-    # a port the node opened first stays while this process still uses it (no `_el` of the
-    # node's then); what a participant leaves when it dies is its `_el` lock files with them
-    left = made & _shm_files()
-    stale = {n for n in left if n.endswith("_el") or f"{n}_el" in left}
+    # a port the node opened first stays while this process still uses it, and in a parallel
+    # run the files of other tests' processes come and go: what a participant leaves when it
+    # dies is files whose `_el` lock nobody holds
+    stale = {n for n in stale_fastdds_names() if f"{n}_el" in made}
     assert not stale, f"the node left {sorted(stale)}"

@@ -86,6 +86,24 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output and logs as valid UTF-8: a test that logs a file name that is not
+    UTF-8 (test_node_host) left surrogates in them, which pytest-xdist cannot send from a
+    worker to the controller (the run ended in an INTERNALERROR)."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(key, _utf8(text)) for key, text in report.sections]
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 _module_domain: list[int] = []  # domain of the live `ros_module` harness, if any
 
 

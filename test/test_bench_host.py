@@ -87,6 +87,7 @@ def _sample(spin_cpu: int, nap_cpu: int) -> tuple[int, ThreadSampler, list[dict]
     return p.pid, s, rows
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not HAVE_SCHEDSTAT, reason="needs /proc/<pid>/schedstat (ns CPU time)")
 def test_thread_sampler_sees_a_thread_on_the_busy_threads_cpu() -> None:
     cpus = sorted(os.sched_getaffinity(0))

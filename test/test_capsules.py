@@ -470,6 +470,7 @@ def test_a_slot_filled_by_its_caller_is_adopted_with_bookkeeping_only():
     assert np.array_equal(eng.step(observations(1, seed=4)[0]), want)
 
 
+@pytest.mark.exclusive
 def test_a_planner_thread_checkpoints_while_another_thread_steps():
     """Each capsule a second thread takes while the first steps is a state the steps passed
     through (its checksum is the single-threaded run's at its step), and a branch from it holds

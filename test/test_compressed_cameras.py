@@ -127,6 +127,7 @@ def test_without_simplejpeg_a_compressed_camera_fails_at_configure(monkeypatch):
         decode_compressed(jpg, (H, W, 3))
 
 
+@pytest.mark.exclusive
 def test_a_decode_leaves_the_gil_to_other_threads():
     """The reason a decode thread is cheap for the thread that steps: Pillow decodes without
     the GIL, so another Python thread keeps most of its pace meanwhile (holding the GIL, the
@@ -199,6 +200,7 @@ def mixed_node(ros, **extra):
     return c, top, wrist, seen
 
 
+@pytest.mark.exclusive
 def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     """top:compressed (PNG, then JPEG) and a raw bgr8 wrist: each command is the Engine's action
     on the decoded pixels; frames of the wrong size or that are no image are refused, counted
@@ -255,6 +257,7 @@ def test_observation_trigger_steps_on_decoded_frames_and_refuses_bad_ones(ros):
     assert "handler raised" not in c.proc.log_tail(200)
 
 
+@pytest.mark.exclusive
 def test_step_on_a_compressed_camera_steps_from_its_decode_thread(ros):
     """step_on: [top, wrist] with top compressed: the set completes on the decode thread (a
     top frame last) or on the inputs' thread (a wrist image last); each is one step, the
@@ -297,6 +300,7 @@ def test_step_on_a_compressed_camera_steps_from_its_decode_thread(ros):
         np.testing.assert_array_equal(c.commands[-1], want)
 
 
+@pytest.mark.exclusive
 def test_timer_trigger_steps_while_the_compressed_cameras_are_fresh_and_holds_after(ros):
     """In timer mode each compressed camera's thread keeps its newest frame; ticks step while
     every camera is newer than obs_timeout_s and hold (no command) once one stops."""

@@ -77,6 +77,7 @@ def test_demo_refuses_what_it_cannot_run_before_starting_anything(tmp_path):
         assert "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.exclusive
 def test_demo_runs_end_to_end(tmp_path):
     _require_rclpy()
     domain = fresh_domain_id()
@@ -127,6 +128,7 @@ def test_demo_runs_end_to_end(tmp_path):
         assert word in text, r.stdout
 
 
+@pytest.mark.exclusive
 def test_demo_act_end_to_end(tmp_path):
     """`--policy builtin:act`: the sim publishes the camera the policy's inputs ask for, the node
     subscribes it, checkpoint / restore / live branch succeed, the what-if rollouts are skipped
@@ -188,6 +190,7 @@ def test_demo_fits_state_fields_to_the_policy_and_refuses_a_blind_goalless_one()
         describe_policy("test.lerobot_like:make_joints", 6)
 
 
+@pytest.mark.exclusive
 def test_demo_serves_a_positions_only_camera_policy(tmp_path):
     """The story with a positions-only ACT: the node gets state_fields [position] and every
     capsule operation succeeds."""

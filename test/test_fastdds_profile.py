@@ -85,6 +85,7 @@ def exchange(profile: Path | None, topic: str) -> tuple[list[str], list[str], st
     return words(out, "GOT"), words(pub.stdout, "SENT"), err + pub.stderr
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
 def test_the_profile_loads_and_carries_a_640x480_image_whole_through_its_segment():
     got, sent, err = exchange(PROFILE, "frames")
@@ -94,6 +95,7 @@ def test_the_profile_loads_and_carries_a_640x480_image_whole_through_its_segment
     assert int(sent[2]) >= SEGMENT and int(got[5]) >= SEGMENT  # the profile's segment is in use
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
 def test_without_it_fast_dds_maps_its_small_default_segment_and_a_broken_file_is_reported(
     tmp_path,

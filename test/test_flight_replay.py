@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
@@ -36,6 +37,7 @@ STOP_AT = 1240
 GOAL = [0.3, -0.4, 0.5, 0.2, -0.1, 0.25]
 
 
+@pytest.mark.exclusive
 def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_path, capsys):
     # the sim's rate (200 Hz at most): the node steps on every joint_states, and where it cannot
     # keep up (a CPU step of 4 ms at 200 Hz) the backlog ages past obs_timeout_s and commands

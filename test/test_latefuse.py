@@ -108,6 +108,7 @@ def test_eager_until_the_swap_then_the_fused_step_for_every_session(gate, nudged
         np.testing.assert_array_equal(eng.step(o, "alt"), fused.step(o, "alt"))
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("precompiled", [False, True], ids=["torch-compile", "precompiled"])
 def test_a_loop_steps_throughout_and_the_swap_happens_between_two_of_its_steps(
     precompiled, nudged, tmp_path

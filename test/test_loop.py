@@ -14,6 +14,7 @@ import pytest
 from flashrt_ros.node.loop import EngineLock, ThreadUsage, TimerLoop, after_tick, os_thread_name
 
 
+@pytest.mark.exclusive
 def test_the_control_thread_sleeps_with_1ns_timer_slack_and_keeps_its_rate():
     """Linux adds the thread's timer slack (50 us by default) to every sleep; the control
     thread sets its own to 1 ns, so the busy-wait before each deadline can stay short."""
@@ -110,6 +111,7 @@ def test_idle_hook_runs_on_the_control_thread_with_the_next_deadline():
             assert later[0] == deadline
 
 
+@pytest.mark.exclusive
 def test_idle_hook_is_not_called_without_time_to_spare():
     """A tick that ends within the final spin of the next deadline leaves no room: the hook is
     called only after a tick that overran (its lost deadlines skipped, the next one is far)."""
@@ -128,6 +130,7 @@ def test_idle_hook_is_not_called_without_time_to_spare():
             assert events[i - 1][0] == "timing" and events[i - 1][1] > 0, events[i - 3 : i + 1]
 
 
+@pytest.mark.exclusive
 def test_timing_reports_how_long_an_overrunning_tick_took():
     """on_timing gets each tick's own duration beside its wake-up lateness, so an overrun can
     be told apart: a tick that ran long, or one that woke late (the node's diagnostics count
@@ -189,6 +192,7 @@ def _long_ticks(period: float, long, seconds: float) -> tuple[list, list, int]:
     return starts, timing, len(idle)
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("over, skipped", [(0.05, 0), (0.55, 1)])
 def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over, skipped):
     """The third tick ends `over` of a period past the next deadline: at 0.05 the next tick runs
@@ -207,6 +211,7 @@ def test_a_tick_that_runs_into_the_next_period_delays_that_tick_or_skips_it(over
         assert b4 - d4 > 0.9 * over * period  # at once, as late as the long tick left it
 
 
+@pytest.mark.exclusive
 def test_a_delayed_tick_never_delays_the_next_so_the_loop_keeps_gaps():
     """Every tick runs 1.1 periods: a tick on time delays the next; that one, late itself, may
     not delay the one after it, which is skipped. So the loop keeps a gap of most of a period
@@ -244,6 +249,7 @@ def test_a_period_shorter_than_the_final_spin_still_leaves_time_to_serve():
     assert served, "the loop never served in 0.3 s"
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("busy", [False, True])
 def test_busy_wait_polls_between_ticks_and_keeps_the_deadlines(busy: bool):
     """busy=True (the `busy_wait` parameter): the control thread never sleeps between ticks,

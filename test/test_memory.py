@@ -20,6 +20,7 @@ from flashrt_ros.node.memory import ENV, tune_malloc
 from test.ros_helpers import HAVE_RCLPY, REPO_ROOT
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not HAVE_RCLPY, reason="rclpy not importable")
 def test_an_image_take_faults_no_pages_in_with_the_thresholds():
     faults, _, note = takes("memory_tuned", None)

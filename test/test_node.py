@@ -233,6 +233,7 @@ def test_bad_requests_answer_cleanly_and_change_nothing(fresh, service, fields, 
     assert np.array_equal(fresh.run(OBS[5:8]), np.array(want))
 
 
+@pytest.mark.exclusive
 def test_capsule_calls_interleaved_with_a_200hz_stream(fresh):
     """150 capsule calls while a thread streams observations at up to 200 Hz: every call
     succeeds, every observation gets its command. The rate leaves the node room on this

@@ -8,6 +8,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 
@@ -35,6 +36,7 @@ def polls(pid: int) -> bool:
     return any(cpu_share(pid) > 0.4 for _ in range(3))
 
 
+@pytest.mark.exclusive
 def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     proc = ros.start_node({"trigger": "observation", "busy_wait": True})
     c = NodeClient(ros, proc)
@@ -68,6 +70,7 @@ def test_observation_mode_busy_wait_steps_each_message_and_serves(ros):
     assert polls(proc.pid)  # and polling again
 
 
+@pytest.mark.exclusive
 def test_timer_mode_busy_wait_keeps_the_rate_and_answers_on_the_control_thread(ros):
     # a rate with room for a rollout step between ticks on this machine (at 100 Hz a loaded
     # 2-core CI machine's 11 ms steps had none, and the node rightly refused the rollout)

@@ -399,6 +399,7 @@ def test_serving_waits_for_start_and_a_second_borrower_gets_nothing(ros, owner):
     host.destroy()
 
 
+@pytest.mark.exclusive
 def test_the_inputs_loop_borrows_the_services_and_serves_between_its_messages(ros, owner):
     """In observation mode the inputs' loop answers the services in its own wait set while its
     thread runs, between two messages: a request is answered while a backlog of observations
@@ -466,6 +467,7 @@ def _thread_cpu_s(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.exclusive
 def test_a_wait_loop_polls_only_while_busy_and_stops_either_way(ros, owner):
     """WaitLoop.set_busy (the `busy_wait` parameter while the node is active): the loop's
     thread polls from the moment it is set (a wait in progress ends at once) and sleeps again

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
@@ -37,6 +38,7 @@ def _burst(c: NodeClient, rows: np.ndarray) -> np.ndarray:
     return np.array(c.commands[n:])
 
 
+@pytest.mark.exclusive
 def test_a_burst_of_observations_gets_one_command_each_in_order(ros):
     """Every joint_states of a burst is a step (none dropped, none merged), in order, and a goal
     echoed on ~/goal_applied is applied before the next observation's step."""
@@ -68,6 +70,7 @@ def test_bytes_that_are_no_joint_state_change_nothing_and_the_loop_goes_on(ros):
     assert np.array_equal(got, np.array([eng.step(o) for o in OBS[:5]]))
 
 
+@pytest.mark.exclusive
 def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
     """The loop runs from configure to cleanup: a goal is applied while inactive (as before),
     nothing steps while inactive, and after cleanup and a new configure the new subscriptions
@@ -123,6 +126,7 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
     assert proc.stop() == 0
 
 
+@pytest.mark.exclusive
 def test_diagnostics_at_1hz_from_the_timer_loop_and_when_inactive(ros):
     """While the timer loop runs, the control thread publishes /diagnostics once a second
     (and the executor's timer does not as well); inactive, the executor's timer does. Both
@@ -169,6 +173,7 @@ def test_diagnostics_at_1hz_from_the_timer_loop_and_when_inactive(ros):
     assert set(active[-1][1]) == set(inactive[-1][1])  # the same message, whoever publishes
 
 
+@pytest.mark.exclusive
 def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ros):
     """Diagnostics (node/diagnostics.py) on a real node, its hooks called directly: the control
     thread's idle hook publishes once a second when the next deadline leaves room, or after
@@ -223,6 +228,7 @@ def test_diagnostics_pacing_between_the_control_thread_and_the_executor_timer(ro
         node.destroy_node()
 
 
+@pytest.mark.exclusive
 def test_diagnostics_watchdog_steps_in_for_a_silent_control_thread(ros):
     """While the control thread publishes, a watchdog thread (not the executor) publishes when
     it has been silent for FORCE_S + EVERY_S (a tick stuck on something), and never while it

@@ -139,6 +139,7 @@ def test_a_nan_step_publishes_nothing_reports_error_and_recovers_by_reset_or_res
     fresh.call("drop_capsule", capsule="good")
 
 
+@pytest.mark.exclusive
 def test_observation_trigger_holds_the_trajectory_once_the_inputs_stop(fresh):
     """Observation trigger: when joint_states stop (a driver died), no message comes to step
     on, so no step finds them stale; the node still sends the hold (one empty trajectory) once
@@ -205,6 +206,7 @@ def test_a_rollout_past_rollout_timeout_s_stops_and_says_how_far_it_got(fresh):
     assert np.array_equal(fresh.run(OBS[:2]), np.array([eng.step(o) for o in OBS[:2]]))
 
 
+@pytest.mark.exclusive
 def test_lowering_rollout_timeout_s_stops_a_rollout_already_running(ros):
     """rollout_timeout_s is live: an operator lowering it to stop a runaway rollout stops the one
     running, at its next step (it kept the limit it began with, and ran to its end)."""
@@ -232,6 +234,7 @@ def test_lowering_rollout_timeout_s_stops_a_rollout_already_running(ros):
     assert proc.stop() == 0
 
 
+@pytest.mark.exclusive
 def test_lifting_rollout_timeout_s_lets_a_waiting_rollout_wait_on(ros):
     """A rollout's steps wait for room between control ticks. Lifting rollout_timeout_s (0)
     while one waits lets it wait on: the deadline it began with no longer stops it."""
@@ -295,6 +298,7 @@ def holds(trajs: list) -> list:
     return [t for t in trajs if not t.points]
 
 
+@pytest.mark.exclusive
 def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
     c = timer_node
     with feeding(c, OBS, hz=FEED_HZ) as box:
@@ -318,6 +322,7 @@ def test_timer_mode_nan_step_publishes_nothing_until_reset(timer_node):
     assert all(finite_rows(p.positions for p in t.points) for t in c.trajs)
 
 
+@pytest.mark.exclusive
 def test_joint_trajectory_output_is_cancelled_when_the_robot_must_hold(timer_node):
     """A joint_trajectory_controller runs the last trajectory it got to its end: a whole chunk,
     up to seconds ahead. "The robot holds" (stale inputs, deactivate) therefore needs one empty
@@ -366,6 +371,7 @@ def test_joint_trajectory_output_is_cancelled_when_the_robot_must_hold(timer_nod
         assert _set(ros, c.proc, publish_offset_s=0.0) == [(True, "")]
 
 
+@pytest.mark.exclusive
 def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_node):
     """The loop keeps its rate during the rollout (it fell to 7-13 Hz when the rollout held the
     lock and the executor), and a list_capsules request in the middle answers at once."""
@@ -410,6 +416,7 @@ def test_a_long_rollout_keeps_the_timer_rate_and_other_services_answer(timer_nod
     assert t1 - t0 > 1.0 and rate >= 0.5 * min(RATE, baseline), (rate, baseline, t1 - t0)
 
 
+@pytest.mark.exclusive
 def test_ctrl_c_holds_the_trajectory_and_ends_the_node_cleanly_during_a_rollout(ros):
     """SIGINT while the loop steps and a rollout runs. The robot holds: the last trajectory out
     is the empty one that cancels the running chunk (rclpy's handler shut the context down
@@ -448,6 +455,7 @@ def test_ctrl_c_holds_the_trajectory_and_ends_the_node_cleanly_during_a_rollout(
     assert not r.success and "the node is shutting down: stopped after " in r.message, r.message
 
 
+@pytest.mark.exclusive
 def test_diagnostics_say_engine_busy_while_a_timer_tick_is_stuck(ros):
     """In timer mode the control thread publishes /diagnostics itself; with its tick stuck (a
     hung device; here a 5 s sleep) nothing came for up to 8 s (the watchdog looked every 4 s),
@@ -487,6 +495,7 @@ def test_diagnostics_say_engine_busy_while_a_timer_tick_is_stuck(ros):
         assert "engine_busy_s" not in c.diagnostics[-1]
 
 
+@pytest.mark.exclusive
 def test_diagnostics_and_lifecycle_answer_while_a_step_is_stuck(ros):
     """A step stuck in the engine (a hung device; here a 3 s sleep) holds the engine lock. The
     1 Hz /diagnostics still comes, saying how long the engine has been busy (ERROR from 1 s),
@@ -567,6 +576,7 @@ def test_a_signal_in_a_deferred_block_ends_it_after_the_block_not_inside():
             signal.signal(s, h)
 
 
+@pytest.mark.exclusive
 def test_a_poisoned_session_and_a_goal_stream_do_not_flood_the_log(fresh):
     """A poisoned live session wrote its ERROR line again with every /diagnostics publish (one a
     second, 86 400 a day, burying everything else), and each goal wrote a line (a planner at the
@@ -594,6 +604,7 @@ def test_a_poisoned_session_and_a_goal_stream_do_not_flood_the_log(fresh):
     assert 1 <= lines <= 1 + (time.monotonic() - t0) / 2.0, lines
 
 
+@pytest.mark.exclusive
 def test_refused_goals_while_stepping_are_a_warning(fresh):
     """Goals of the wrong size were refused (counted, logged every 2 s) while /diagnostics said
     OK "stepping": the robot went on to the old goal and the operator saw nothing amiss. Now a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from trajectory_msgs.msg import JointTrajectory
@@ -37,6 +38,7 @@ def resumed(client, n: int, timeout: float = 10.0) -> bool:
     return len(client.commands) > n
 
 
+@pytest.mark.exclusive
 def test_timer_loop_keeps_its_rate_and_holds_when_observations_go_stale(ros):
     proc = ros.start_node(
         {"trigger": "timer", "rate_hz": 100.0, "obs_timeout_s": 0.3, "output": "both"}
@@ -272,6 +274,7 @@ def _fifo_threads(pid: int) -> list[int]:
     return prios
 
 
+@pytest.mark.exclusive
 def test_realtime_priority_puts_the_control_thread_alone_under_sched_fifo(ros):
     """realtime_priority: the control thread (and only it) runs under SCHED_FIFO at that
     priority, or, where the user may not, the node says so and steps as before; it steps and
@@ -379,6 +382,7 @@ def test_cpu_affinity_keeps_the_control_thread_alone_on_its_cpus(ros):
     assert all(s == frozenset(cpus) for s in _cpu_sets(proc2.pid))
 
 
+@pytest.mark.exclusive
 def test_an_overrun_says_which_part_of_the_tick_took_the_time(ros):
     """At 1 kHz on this CPU a step of builtin:hybrid takes longer than the period: every tick
     overruns, and `last_overrun` splits the tick (inputs, lock, step, publish), so an operator

@@ -264,6 +264,7 @@ def _catches_sigterm(pid: int, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("after_s", [0.2, 1.0, 2.0])
 def test_sigterm_while_the_node_starts_ends_it_cleanly(tmp_path, ros_domain, after_s):
     """docker stop, systemd and launch's escalation send SIGTERM. During the imports rclpy's
@@ -372,6 +373,7 @@ def _get(ros, proc, *names):
     return [(v.type, parameter_value_to_python(v)) for v in resp.values]
 
 
+@pytest.mark.exclusive
 def test_integer_for_double_is_taken_and_sets_the_rate(live):
     from rcl_interfaces.msg import ParameterType
     from sensor_msgs.msg import JointState

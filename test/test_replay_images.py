@@ -25,8 +25,17 @@ N_JS = 24
 
 
 def camera_node(ros_module, namespace: str = "", **params):
-    """A node serving the two-camera test policy in observation mode, with `params` on top."""
-    base = {"policy": SPEC, "device": "cpu", "trigger": "observation", "cameras": CAMERAS}
+    """A node serving the two-camera test policy in observation mode, with `params` on top.
+    A lockstep replay sends an image, then waits for a few steps before its next: with the
+    default obs_timeout_s (0.5 s) a busy machine could let it go stale (the replay's docs: keep
+    the timeout above the node's time per step), and these tests are about determinism."""
+    base = {
+        "policy": SPEC,
+        "device": "cpu",
+        "trigger": "observation",
+        "cameras": CAMERAS,
+        "obs_timeout_s": 60.0,
+    }
     waits = ("list_capsules", "dump_flight") if "flight_ticks" in params else ("list_capsules",)
     with importable_tests():
         return ros_module.start_node(base | params, namespace=namespace, wait_services=waits)

@@ -63,6 +63,7 @@ def test_bad_input_is_refused():
         cam.render(np.full(6, np.nan))
 
 
+@pytest.mark.exclusive
 def test_sim_node_publishes_camera_images(ros):
     """flashrt_sim_arm with camera_names [top] publishes rgb8 camera/top/image_raw at ~rate_hz,
     stamped like its joint states, and draws the goal it receives."""

@@ -49,17 +49,12 @@ build: venv
 	fi; \
 	if [ -d install/flashrt_ros ]; then find install/flashrt_ros -xtype l -delete; fi  # removed sources
 
-## test: two passes. Tests marked `exclusive` (their verdict rests on timing: a rate, a latency,
-## a watchdog's period) run alone at the end; all others run on TEST_WORKERS processes at once
-## (pytest-xdist, a file per worker at a time). A pass that selects no test (exit 5) is no failure.
+## test: the suite as two pytest runs at once (test/run_suite.py says how): the tests marked
+## `exclusive` (their verdict rests on timing) one at a time at normal priority, all others on
+## TEST_WORKERS pytest-xdist processes under SCHED_IDLE.
 TEST_WORKERS ?= 2
 test: setup
-	@$(ENV); rc=0; \
-	python -m pytest -q $(PYTEST_ARGS) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive" test/ || rc=$$?; \
-	[ $$rc -eq 5 ] && rc=0; rc2=0; \
-	python -m pytest -q $(PYTEST_ARGS) -m exclusive test/ || rc2=$$?; \
-	[ $$rc2 -eq 5 ] && rc2=0; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rc2
+	@$(ENV); python test/run_suite.py --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 
 ## demo: POLICY=builtin:act runs the same story with the visuomotor policy on the sim's camera.
 POLICY ?= builtin:hybrid

@@ -51,7 +51,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "exclusive: the verdict rests on timing (a rate, a latency, a watchdog's period), so "
-        "`make test` runs it alone, after the tests it runs in parallel",
+        "`make test` runs it one at a time at normal priority, the others under SCHED_IDLE (test/run_suite.py)",
     )
     config.addinivalue_line(
         "markers",

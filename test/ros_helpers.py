@@ -52,13 +52,20 @@ _domain_counter = itertools.count()
 
 
 def _domain_band() -> tuple[int, int]:
-    """(first domain, how many) of this process's band."""
+    """(first domain, how many) of this process's band: FLASHRT_TEST_DOMAINS ("first-last",
+    set by test/run_suite.py for each of its two runs) or all test domains, split evenly
+    among the workers of a parallel run."""
+    base, span = _DOMAIN_BASE, _DOMAIN_SPAN
+    band = os.environ.get("FLASHRT_TEST_DOMAINS", "")
+    if band:
+        first, last = (int(x) for x in band.split("-"))
+        base, span = first, last - first + 1
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if not worker.startswith("gw") or count <= 1:
-        return _DOMAIN_BASE, _DOMAIN_SPAN
-    width = _DOMAIN_SPAN // count
-    return _DOMAIN_BASE + int(worker[2:]) % count * width, width
+        return base, span
+    width = span // count
+    return base + int(worker[2:]) % count * width, width
 
 
 def fresh_domain_id() -> int:

@@ -51,7 +51,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "exclusive: the verdict rests on timing (a rate, a latency, a watchdog's period), so "
-        "`make test` runs it one at a time at normal priority, the others under SCHED_IDLE (test/run_suite.py)",
+        "`make test` runs it one at a time at normal priority, beside the others, which run "
+        "under SCHED_IDLE (test/run_suite.py)",
     )
     config.addinivalue_line(
         "markers",

@@ -26,6 +26,10 @@ from flashrt_ros.replay.bagdiff_cli import main as bagdiff
 from flashrt_ros.replay.replay_cli import main as replay
 from test.node_client import NodeClient
 
+# Replays through a node wait on its answers, 10 s each: at normal priority (test/run_suite.py;
+# one waited in vain beside the timed tests, its node under SCHED_IDLE)
+pytestmark = pytest.mark.exclusive
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
 GOLDEN = FIX / "golden"

@@ -146,7 +146,13 @@ class NodeDriver:
             self._img_pubs[c] = pub
         if self.cameras:
             self._spin_until(lambda: self.seen is not None, "~/camera_seen")
-        self.ex.spin_once(timeout_sec=0.2)  # let the latched goal echo, if any, arrive first
+        # The counts above are this process's view: the node matches us on its own discovery,
+        # and its command writer can match a moment later, on a busy machine after it answered
+        # the first observation (that command was lost and the replay failed, "no answer").
+        # Spin a second, which also lets the latched goal echo, if any, arrive first.
+        end = time.monotonic() + 1.0
+        while (left := end - time.monotonic()) > 0:
+            self.ex.spin_once(timeout_sec=left)
         return joints, limit, fields
 
     def goal_dim(self) -> int:

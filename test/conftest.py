@@ -44,7 +44,8 @@ def pytest_configure(config):
     # one of their ports and then receive nothing (ros_helpers.clean_stale_fastdds_shm). Once
     # per run, before any test: in a parallel run the controller does it (a worker could meet
     # the files of the other's node starting, before it locked them).
-    if not hasattr(config, "workerinput"):
+    # FLASHRT_TEST_SHM_CLEAN=0: whoever started this run did it (test/run_suite.py)
+    if not hasattr(config, "workerinput") and os.environ.get(ros_helpers.SHM_CLEAN) != "0":
         ros_helpers.clean_stale_fastdds_shm()
     # rclpy -> rosidl_parser -> lark-parser 0.12 imports the deprecated sre_* modules
     config.addinivalue_line("filterwarnings", "ignore:module 'sre_:DeprecationWarning")
@@ -98,11 +99,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _utf8(text: str) -> str:
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _module_domain: list[int] = []  # domain of the live `ros_module` harness, if any

@@ -269,6 +269,9 @@ def spin_for(node, seconds: float) -> None:
         executor.shutdown(timeout_sec=0)
 
 
+SHM_CLEAN = "FLASHRT_TEST_SHM_CLEAN"  # "0": a test run leaves /dev/shm to whoever started it
+
+
 def clean_stale_fastdds_shm(folder: Path | str = "/dev/shm") -> list[str]:
     """Remove the shared-memory files of Fast DDS processes that are gone; returns their names.
 

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: `test` importable as a package
+    sys.path.insert(0, str(ROOT))
+from test.ros_helpers import SHM_CLEAN, clean_stale_fastdds_shm  # noqa: E402
+
 NO_TESTS = 5  # pytest's exit status when the selection is empty
 SHARED_DOMAINS = "101-166"
 TIMED_DOMAINS = "167-200"
@@ -49,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     # paths among the arguments choose the files; none: the whole suite
     paths = [a for a in pytest_args if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
     where = [] if paths else ["test/"]
-    env = dict(os.environ)
+    # Fast DDS files of killed processes, cleared once here before either run starts a node
+    # (conftest does it per pytest run otherwise): a run clearing them while the other's node
+    # starts could take that node's files before it locked them. FLASHRT_TEST_SHM_CLEAN=0
+    # skips it (a suite started inside a suite: test_run_suite.py)
+    if os.environ.get(SHM_CLEAN, "1") != "0":
+        clean_stale_fastdds_shm()
+    env = dict(os.environ) | {SHM_CLEAN: "0"}
     # the timed run's compiles on one CPU: the other stays free for the shared run's nodes
     timed_env = env | {"FLASHRT_TEST_DOMAINS": TIMED_DOMAINS, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     t0 = time.monotonic()

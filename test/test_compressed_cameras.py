@@ -143,8 +143,16 @@ def test_a_decode_leaves_the_gil_to_other_threads():
     def sleeps() -> None:
         time.sleep(0.2)
 
-    ratio = thread_pace(decodes) / thread_pace(sleeps)
-    assert ratio > 0.3, ratio  # ~0.8 on the 2-core CPU machine
+    # ~0.8-1.0 on the 2-core CPU machine, ~0.05 for work that holds the GIL as long; best of
+    # up to five tries, each with its own baseline: a run beside the rest of the suite once
+    # saw 0.09, when the counting thread got no CPU for a moment (a GIL-holding decode
+    # stays near 0.05 in every try)
+    ratios = []
+    for _ in range(5):
+        ratios.append(thread_pace(decodes) / thread_pace(sleeps))
+        if ratios[-1] > 0.3:
+            break
+    assert max(ratios) > 0.3, ratios
 
 
 def test_the_cameras_parameter_takes_compressed():

@@ -36,6 +36,8 @@ def test_the_runs_and_their_workers_take_domains_no_other_takes(monkeypatch):
 
 def _suite(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    # this suite's nodes are live: clearing /dev/shm now could take a starting node's files
+    env[ros_helpers.SHM_CLEAN] = "0"
     return subprocess.run(
         [sys.executable, "test/run_suite.py", *args],
         cwd=REPO_ROOT,

@@ -2,26 +2,48 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from test.ros_helpers import REPO_ROOT
 
+TOOLS = REPO_ROOT / "tools"
+
+
+def tool_main(tool: str) -> Callable[[list[str]], int]:
+    """A training tool's `main`, loaded from its file as `python tools/<tool>` runs it (each
+    in a child process cost an `import torch`: ~4 s of CPU on a 2-core machine, ten times)."""
+    spec = importlib.util.spec_from_file_location(f"tools_{Path(tool).stem}", TOOLS / tool)
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)  # it puts the repository and tools/ on sys.path
+    finally:
+        sys.path[:] = saved
+    return module.main
+
+
+def refusal(main: Callable[[list[str]], int], args: list[str], capsys) -> str:
+    """What the tool said on stderr when it exited with 2 (argparse's usage error)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, (args, err[-2000:])
+    return err
+
 
 @pytest.mark.parametrize("tool", ["train_hybrid.py", "train_act.py"])
-def test_training_refuses_to_replace_the_shipped_weights_without_force(tool):
+def test_training_refuses_to_replace_the_shipped_weights_without_force(tool, capsys):
     """A trial run (`--steps 5`) replaced the committed weights without a word."""
-    r = subprocess.run(
-        [sys.executable, f"tools/{tool}", "--steps", "1"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert r.returncode == 2 and "exists: pass --force" in r.stderr, r.stderr[-2000:]
+    main = tool_main(tool)
+    assert "exists: pass --force" in refusal(main, ["--steps", "1"], capsys)
 
 
 def _tool(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -36,9 +58,10 @@ def _tool(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("tool", ["train_hybrid.py", "train_act.py"])
-def test_training_refuses_bad_counts_and_an_unwritable_out_before_training(tool, tmp_path):
+def test_training_refuses_bad_counts_and_an_unwritable_out_before_training(tool, tmp_path, capsys):
     """--steps 0 divided by zero minutes in, and an --out under a file failed only at the
     save, the run lost: both are one line and exit 2 before any training."""
+    main = tool_main(tool)
     (tmp_path / "afile").write_text("")
     for args, says in (
         (["--steps", "0"], "--steps must be >= 1"),
@@ -46,8 +69,20 @@ def test_training_refuses_bad_counts_and_an_unwritable_out_before_training(tool,
         (["--out", str(tmp_path / "afile" / "w.pt")], "cannot make its folder"),
         (["--out", str(tmp_path)], "is a folder"),
     ):
-        r = _tool(f"tools/{tool}", *args)
-        assert r.returncode == 2 and says in r.stderr, (args, r.stderr[-2000:])
+        assert says in refusal(main, args, capsys), args
+
+
+def test_a_training_tool_runs_as_a_script():
+    """`python tools/train_act.py` imports its sibling and the package from any folder."""
+    r = subprocess.run(
+        [sys.executable, str(TOOLS / "train_act.py"), "--steps", "0"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("HOME",) if k in os.environ}},
+    )
+    assert r.returncode == 2 and "--steps must be >= 1" in r.stderr, r.stderr[-2000:]
 
 
 def test_make_fixtures_writes_all_bags_or_none(tmp_path):

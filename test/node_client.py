@@ -108,7 +108,9 @@ class NodeClient:
                 and self._cmd_sub.get_publisher_count() > 0
             ),
             20,
-        ), "node does not subscribe joint_states/goal, or does not publish commands"
+        ), "node does not subscribe joint_states/goal, or does not publish commands\n" + (
+            proc.log_tail()
+        )
         # Each side matches the other on its own discovery: these counts are this process's
         # view, and the node's reader or writer can match a moment later (a first observation
         # or command lost that way stalled a test under load: 0.3 s was once too short for the

@@ -34,6 +34,9 @@ try:  # rclpy is importable under `make test` (env.sh); elsewhere ROS tests are 
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+
+    NodeNameNonExistentError = _rclpy.NodeNameNonExistentError
 
     RCLPY_IMPORT_ERROR: str | None = None
 except Exception as exc:  # pragma: no cover - depends on the environment
@@ -365,6 +368,7 @@ class RosHarness:
     ) -> NodeProcess:
         """Start the installed flashrt_node in this domain and wait until its services answer
         discovery (fails with the node's log tail if it exits or times out)."""
+        self._wait_name_free(name, namespace)
         env = dict(os.environ)
         env["ROS_DOMAIN_ID"] = str(self.domain_id)
         env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
@@ -391,10 +395,7 @@ class RosHarness:
         deadline = time.monotonic() + timeout
         for short in services:
             full = proc.service(short)
-            while True:
-                names = {n for n, _ in self.node.get_service_names_and_types()}
-                if full in names:
-                    break
+            while full not in self.served_by(proc):
                 if not proc.alive():
                     raise RuntimeError(
                         f"{proc} exited with {proc.proc.returncode} before offering {full}; "
@@ -406,6 +407,38 @@ class RosHarness:
                         f"{proc.log_tail()}"
                     )
                 spin_for(self.node, 0.1)
+
+    def _wait_name_free(self, name: str, namespace: str, timeout: float = 30.0) -> None:
+        """Until an earlier node of this name that we started has left the graph: one that was
+        killed (a stop past its timeout on a starved machine) keeps its services there until
+        its DDS lease runs out (~20 s), and the new node would be taken as up at once."""
+        fqn = _join(namespace, name)
+        ours = [p for p in self.processes if p.fqn == fqn]
+        if not ours or any(p.alive() for p in ours):  # no predecessor, or a twin on purpose
+            return
+        end = time.monotonic() + timeout
+        while self._served(name, namespace) and time.monotonic() < end:
+            spin_for(self.node, 0.05)
+
+    def served_by(self, proc: NodeProcess) -> set[str]:
+        """The services `proc`'s node serves, as this process's graph knows them. By node: the
+        graph lists a service that only our own client asks for too, and an earlier node of
+        that name keeps its entries after a kill until its DDS lease runs out; with all names,
+        a restarted node was taken as up once this test had called its list_capsules, and the
+        test then waited 20 s for a node still importing torch."""
+        return self._served(proc.name, proc.namespace)
+
+    def _served(self, name: str, namespace: str) -> set[str]:
+        ns = "/" + namespace.strip("/")
+        served: set[str] = set()
+        # the lifecycle services are the node's own, the capsule services its host node's
+        for node in (name, f"{name}_services"):
+            try:
+                by = self.node.get_service_names_and_types_by_node(node, ns)
+            except NodeNameNonExistentError:  # not in the graph (yet)
+                continue
+            served |= {n for n, _ in by}
+        return served
 
     def stop_all(self) -> None:
         for proc in reversed(self.processes):

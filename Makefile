@@ -9,7 +9,8 @@ REQ_STAMP := $(VENV)/.requirements.installed
 BUILD_KEY := build/.flashrt_build_key
 LINT_PATHS := flashrt_ros test bench tools launch setup.py
 ENV := . ./env.sh
-PYTEST_ARGS ?= --timeout=900
+# --durations: each run's slowest tests at the end of its output (where a slow CI went)
+PYTEST_ARGS ?= --timeout=900 --durations=20
 
 .PHONY: setup venv build test demo lint format bench clean distclean
 

@@ -14,7 +14,8 @@ engine, and the queue ticks are grouped by how many ticks after an infer tick th
 whether the queue ticks' tail is the first ones after a long (blocking) infer wait.
 --warm-variants (e.g. none,check,check+upload) does the same for WARM_NEXT: what an infer tick
 does for the next tick while the device runs it (Engine._warm). --pin-variants (none, pin,
-nice, pin+nice) does it for the stepping thread's scheduling: kept on one core, and/or nice -20.
+nice, fifo, spin and + joins) does it for the stepping thread's scheduling: kept on one core,
+nice -20, SCHED_FIFO, a wait that never blocks.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import flashrt_ros.runtime.engine as engine_module  # noqa: E402
 from bench.policies_bench import observations  # noqa: E402
 from bench.timing import pct, report  # noqa: E402
 from flashrt_ros import Engine, load_policy  # noqa: E402
 
 ALL_CORES = os.sched_getaffinity(0)
+SPIN_DEFAULT = engine_module.SPIN_WAIT_S  # the variants change it; "none" puts it back
 
 
 def by_position(
@@ -42,21 +45,28 @@ def by_position(
     """Whole-tick times per value of runtime/engine.py's `attr` (SPIN_WAIT_S or WARM_NEXT),
     the queue ticks by their distance from the last infer tick (1 = right after it); rounds
     alternate the values on one engine."""
-    import flashrt_ros.runtime.engine as engine_mod
-
-    keep = getattr(engine_mod, attr)
+    keep = getattr(engine_module, attr)
     try:
-        return by_setting(eng, obs, lambda v: setattr(engine_mod, attr, v), values, rounds, ticks)
+        set_it = lambda v: setattr(engine_module, attr, v)  # noqa: E731
+        return by_setting(eng, obs, set_it, values, rounds, ticks)
     finally:
-        setattr(engine_mod, attr, keep)
+        setattr(engine_module, attr, keep)
 
 
 def pin_thread(how: str, core: int) -> None:
-    """The calling thread: "pin" on one core (sched_setaffinity), "nice" at nice -20, both
-    ("pin+nice"), or back to every core and nice 0 ("none")."""
+    """The calling thread: "pin" on one core (sched_setaffinity), "nice" at nice -20, "fifo"
+    under SCHED_FIFO (priority 50: nothing of normal priority preempts it; needs root or
+    CAP_SYS_NICE), "spin" with the step's wait polling throughout (SPIN_WAIT_S 1 s: it never
+    blocks in the driver), any of these joined by + , or back to every core, nice 0, the
+    normal scheduler and the default wait ("none")."""
     tid = threading.get_native_id()
     os.sched_setaffinity(0, {core} if "pin" in how else ALL_CORES)
-    os.setpriority(os.PRIO_PROCESS, tid, -20 if "nice" in how else 0)
+    if "fifo" in how:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(50))
+    else:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, -20 if "nice" in how else 0)
+    engine_module.SPIN_WAIT_S = 1.0 if "spin" in how else SPIN_DEFAULT
 
 
 def by_setting(
@@ -172,8 +182,8 @@ def main() -> int:
     ap.add_argument(
         "--pin-variants",
         default="",
-        help="the stepping thread's scheduling, comma-separated: none, pin (one core), nice "
-        "(nice -20), pin+nice",
+        help="the stepping thread's scheduling, comma-separated: none, or words joined by +: "
+        "pin (one core), nice (nice -20), fifo (SCHED_FIFO 50), spin (the wait never blocks)",
     )
     ap.add_argument("--core", type=int, default=3, help="the core --pin-variants pins to")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each variant value")

@@ -167,8 +167,12 @@ class NodeProcess:
             return "<no log>"
         return "\n".join(lines[-n_lines:])
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGINT, then SIGKILL after `timeout` s. Returns the exit code."""
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT, then SIGKILL after `timeout` s. Returns the exit code.
+
+        30 s: a node of the shared run (SCHED_IDLE) beside a timed test that keeps both CPUs
+        busy can get no CPU for many seconds; killed after 10 s, its clean exit read -9 (a
+        fresh-clone run's stop test). A test about a prompt exit times it itself."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGINT)

@@ -112,10 +112,35 @@ class NodeClient:
             proc.log_tail()
         )
         # Each side matches the other on its own discovery: these counts are this process's
-        # view, and the node's reader or writer can match a moment later (a first observation
-        # or command lost that way stalled a test under load: 0.3 s was once too short for the
-        # node's command writer on a loaded 2-core machine). Let discovery settle.
-        ros.spin_for(1.0)
+        # view, and the node's reader or writer can match seconds later on a loaded machine (a
+        # first command lost that way failed a fresh-clone run 3 s after a fixed 1 s settle).
+        # The node says its own view in /diagnostics: wait for it there.
+        self._wait_node_matched(ros, proc)
+
+    def _wait_node_matched(self, ros, proc) -> None:
+        """Until a /diagnostics of the node counts at least as many readers of its commands and
+        writers of its joint_states as this process knows of (ours among them). A node that
+        publishes no diagnostics within 3 s (not configured) gets the old fixed 1 s instead."""
+        n0, t0 = len(self.diagnostics), time.monotonic()
+        cmd, js = self._cmd_sub.topic_name, self._js.topic_name
+
+        def matched() -> bool:
+            if len(self.diagnostics) == n0:
+                return time.monotonic() - t0 > 3.0  # no diagnostics: see below
+            d = self.diagnostics[-1]
+            c, j = d.get("command_subscribers", "-"), d.get("joint_states_publishers", "-")
+            return (c == "-" or int(c) >= ros.node.count_subscribers(cmd)) and (
+                j == "-" or int(j) >= ros.node.count_publishers(js)
+            )
+
+        ok = ros.spin_until(matched, 30)
+        if len(self.diagnostics) == n0:
+            ros.spin_for(1.0)
+            return
+        assert ok, (
+            f"the node has not matched this client's command reader or joint_states writer: "
+            f"{self.diagnostics[-1:]}\n" + proc.log_tail()
+        )
 
     def _on_diag(self, msg, info) -> None:
         for st in msg.status:

@@ -6,6 +6,8 @@ seed: the node must add nothing and lose nothing.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -131,6 +133,33 @@ def test_goal_applied_says_the_goal_a_restore_branch_or_reset_brought_back(fresh
     # a session that is not live moves without a word on the live session's echo
     assert fresh.call("restore", capsule=cp.capsule.id, session="main").success
     assert late_goal_echo(fresh.ros, fresh.proc) == make_engine().get_goal().tolist()
+
+
+def test_diagnostics_count_the_readers_and_writers_the_node_has_matched(fresh):
+    """The node's own view of its matches, which a client's counts cannot give (each side
+    discovers the other on its own): ours are among them, and a reader that goes away is
+    counted out, so an operator sees commands that go nowhere."""
+    from std_msgs.msg import Float64MultiArray
+
+    def counts() -> tuple[int, int]:
+        d = fresh.latest_diag(5.0)
+        return int(d["command_subscribers"]), int(d["joint_states_publishers"])
+
+    def readers_become(want: int) -> bool:  # each look spins for the next diagnostics
+        end = time.monotonic() + 15.0
+        while time.monotonic() < end:
+            if counts()[0] == want:
+                return True
+        return False
+
+    cmd, js = counts()
+    assert cmd >= 1 and js >= 1, (cmd, js)
+    extra = fresh.ros.node.create_subscription(
+        Float64MultiArray, fresh.proc.topic("commands"), lambda m: None, 10
+    )
+    assert readers_become(cmd + 1), counts()
+    fresh.ros.node.destroy_subscription(extra)
+    assert readers_become(cmd), counts()
 
 
 def test_bad_observations_are_refused_counted_and_never_stepped(fresh):

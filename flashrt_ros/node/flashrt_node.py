@@ -1245,6 +1245,12 @@ class FlashrtNode(LifecycleNode):
         # whether the thread that steps polls now (busy_wait, while active): a core at 100 %
         busy = self.active and self.cfg is not None and self.cfg.busy_wait
         kv["busy_wait"] = "polling" if busy else "off"
+        # the node's own view of its matches ("-": not configured): commands that go to no
+        # reader, or joint_states from no writer, say so here; and a client can tell when the
+        # node, not only itself, has matched it (each side discovers the other on its own)
+        pub, sub = self._pub_cmd, self._js_sub
+        kv["command_subscribers"] = "-" if pub is None else str(pub.get_subscription_count())
+        kv["joint_states_publishers"] = "-" if sub is None else str(sub.get_publisher_count())
         cams = self._cams
         if cams is not None:
             kv.update(cams.diagnostics(time.monotonic()))

@@ -115,31 +115,31 @@ class NodeClient:
         # view, and the node's reader or writer can match seconds later on a loaded machine (a
         # first command lost that way failed a fresh-clone run 3 s after a fixed 1 s settle).
         # The node says its own view in /diagnostics: wait for it there.
-        self._wait_node_matched(ros, proc)
+        self.wait_matched()
 
-    def _wait_node_matched(self, ros, proc) -> None:
+    def wait_matched(self, timeout: float = 30.0) -> None:
         """Until a /diagnostics of the node counts at least as many readers of its commands and
-        writers of its joint_states as this process knows of (ours among them). A node that
-        publishes no diagnostics within 3 s (not configured) gets the old fixed 1 s instead."""
-        n0, t0 = len(self.diagnostics), time.monotonic()
+        writers of its joint_states as this process knows of (ours among them). After a
+        reconfigure too: the node's writer and reader are new then."""
+        ros, n0 = self.ros, len(self.diagnostics)
         cmd, js = self._cmd_sub.topic_name, self._js.topic_name
 
         def matched() -> bool:
             if len(self.diagnostics) == n0:
-                return time.monotonic() - t0 > 3.0  # no diagnostics: see below
+                return False
             d = self.diagnostics[-1]
             c, j = d.get("command_subscribers", "-"), d.get("joint_states_publishers", "-")
-            return (c == "-" or int(c) >= ros.node.count_subscribers(cmd)) and (
-                j == "-" or int(j) >= ros.node.count_publishers(js)
-            )
+            if not (c.isdigit() and j.isdigit()):  # "-": none yet; "?": a look that failed
+                return False
+            readers, writers = ros.node.count_subscribers(cmd), ros.node.count_publishers(js)
+            return int(c) >= readers and int(j) >= writers
 
-        ok = ros.spin_until(matched, 30)
-        if len(self.diagnostics) == n0:
-            ros.spin_for(1.0)
-            return
-        assert ok, (
-            f"the node has not matched this client's command reader or joint_states writer: "
-            f"{self.diagnostics[-1:]}\n" + proc.log_tail()
+        seen = lambda: self.diagnostics[-1:] if len(self.diagnostics) > n0 else "none"  # noqa: E731
+        assert ros.spin_until(matched, timeout), (
+            "the node has not matched this client's command reader and joint_states writer "
+            f"(its diagnostics: {seen()}"
+            f"; this process knows {ros.node.count_subscribers(cmd)} readers of {cmd} and "
+            f"{ros.node.count_publishers(js)} writers of {js})\n" + self.proc.log_tail()
         )
 
     def _on_diag(self, msg, info) -> None:

@@ -6,8 +6,6 @@ seed: the node must add nothing and lose nothing.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -141,25 +139,18 @@ def test_diagnostics_count_the_readers_and_writers_the_node_has_matched(fresh):
     counted out, so an operator sees commands that go nowhere."""
     from std_msgs.msg import Float64MultiArray
 
-    def counts() -> tuple[int, int]:
-        d = fresh.latest_diag(5.0)
-        return int(d["command_subscribers"]), int(d["joint_states_publishers"])
+    def readers_become(want: int) -> dict:
+        return fresh.wait_diag(lambda d: int(d["command_subscribers"]) == want, 15.0)
 
-    def readers_become(want: int) -> bool:  # each look spins for the next diagnostics
-        end = time.monotonic() + 15.0
-        while time.monotonic() < end:
-            if counts()[0] == want:
-                return True
-        return False
-
-    cmd, js = counts()
-    assert cmd >= 1 and js >= 1, (cmd, js)
+    d = fresh.latest_diag(10.0)
+    cmd, js = int(d["command_subscribers"]), int(d["joint_states_publishers"])
+    assert cmd >= 1 and js >= 1, d
     extra = fresh.ros.node.create_subscription(
         Float64MultiArray, fresh.proc.topic("commands"), lambda m: None, 10
     )
-    assert readers_become(cmd + 1), counts()
+    readers_become(cmd + 1)
     fresh.ros.node.destroy_subscription(extra)
-    assert readers_become(cmd), counts()
+    readers_become(cmd)
 
 
 def test_bad_observations_are_refused_counted_and_never_stepped(fresh):

@@ -90,6 +90,7 @@ def test_lifecycle_with_the_inputs_loop_and_serving_after_reconfigure(ros):
             assert ros.spin_until(lambda: c._js.get_subscription_count() > 0, 20)
             assert ros.spin_until(lambda: c._goal.get_subscription_count() > 0, 20)
             assert ros.spin_until(lambda: c._cmd_sub.get_publisher_count() > 0, 20)
+            c.wait_matched()  # and the node has matched them too
             # the new engine's goal is latched, not the goal the engine before was given
             assert late_goal_echo(ros, proc) == make_engine().get_goal().tolist()
         c.set_goal(goal)  # inactive: applied (echoed) all the same

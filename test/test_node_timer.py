@@ -222,6 +222,7 @@ def test_lifecycle_through_the_standard_services(ros):
     assert not r.success and "not configured" in r.message
     assert transition(Transition.TRANSITION_CONFIGURE)
     assert transition(Transition.TRANSITION_ACTIVATE)
+    c.wait_matched()  # the new configuration's command writer and joint_states reader
     c.step(OBS[3])
 
 

@@ -1249,8 +1249,11 @@ class FlashrtNode(LifecycleNode):
         # reader, or joint_states from no writer, say so here; and a client can tell when the
         # node, not only itself, has matched it (each side discovers the other on its own)
         pub, sub = self._pub_cmd, self._js_sub
-        kv["command_subscribers"] = "-" if pub is None else str(pub.get_subscription_count())
-        kv["joint_states_publishers"] = "-" if sub is None else str(sub.get_publisher_count())
+        try:
+            kv["command_subscribers"] = "-" if pub is None else str(pub.get_subscription_count())
+            kv["joint_states_publishers"] = "-" if sub is None else str(sub.get_publisher_count())
+        except Exception:  # noqa: BLE001 - a cleanup or shutdown took them meanwhile
+            kv["command_subscribers"] = kv["joint_states_publishers"] = "?"
         cams = self._cams
         if cams is not None:
             kv.update(cams.diagnostics(time.monotonic()))

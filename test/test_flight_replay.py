@@ -10,6 +10,7 @@ equal the ones the node sent from that tick on, exactly (same machine).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_pat
         )
 
     n = ros.node
-    n.create_subscription(JointState, "/joint_states", on_js, 1000)
+    js_sub = n.create_subscription(JointState, "/joint_states", on_js, 1000)
 
     def on_cmd(m: Float64MultiArray) -> None:
         commands.append((time.time_ns(), np.array(m.data)))
@@ -99,7 +100,9 @@ def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_pat
     assert ros.spin_until(lambda: len(commands) >= STOP_AT, max(30.0, 2 * STOP_AT / rate)), (
         node.log_tail()
     )
-    sim.stop()
+    # frozen, not stopped: a stop by SIGINT took the loaded sim 2 s, 425 more ticks, and tick
+    # 1234 had left the ring by the dump. Stopped once the dump and the recording are done
+    os.kill(sim.proc.pid, signal.SIGSTOP)
     last = -1
     while last != len(commands):  # the node answers the last joint_states, then it is quiet
         last = len(commands)
@@ -107,6 +110,10 @@ def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_pat
 
     r = ros.call(ros.client(DumpFlight, node.service("dump_flight")), DumpFlight.Request(), 30)
     assert r.success, r.message
+    n.destroy_subscription(js_sub)  # the recording ends here
+    n.destroy_subscription(cmd_sub)
+    os.kill(sim.proc.pid, signal.SIGCONT)
+    sim.stop()
     files = [Path(f) for f in r.files]
     steps = [diskfmt.read_capsule_header(f)["step"] for f in files]
     assert steps == list(range(steps[0], steps[0] + len(files))) and len(files) == RING
@@ -116,10 +123,11 @@ def test_tick_1234_of_a_sim_run_is_reproduced_offline_from_its_dump(ros, tmp_pat
     dumped = files[steps.index(TICK)]
     assert dumped.name == f"main-{TICK}.fcap"
 
-    # the joint_states our recording holds after the one tick TICK consumed. The sim is stopped
-    # while it publishes: its last message can reach the node and not this recording (a
-    # fresh-clone run held 11 of the node's 12), so the replay covers one tick fewer then; or
-    # reach this recording and not the node, a message no tick consumed: left out
+    # the joint_states our recording holds after the one tick TICK consumed. The sim is frozen
+    # (it was stopped, once) while it publishes: its last message can reach the node and not
+    # this recording (a fresh-clone run held 11 of the node's 12), so the replay covers one
+    # tick fewer then; or reach this recording and not the node, a message no tick consumed:
+    # left out
     after = newest - TICK
     later = [e for e in events_after(events, dumped_stamp(dumped))[0] if e.kind == "joint_states"]
     held = len(later)

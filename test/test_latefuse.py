@@ -295,7 +295,7 @@ def test_the_build_thread_does_not_inherit_the_stepping_threads_cpu_or_priority(
     go.set()
     t.join(10)
     assert late.done.is_set() and seen["cpus"] == mine
-    if fifo:
-        assert seen["policy"] == os.SCHED_OTHER
+    if fifo:  # the builder's own: SCHED_OTHER, or SCHED_IDLE in make test's shared run
+        assert seen["policy"] == os.sched_getscheduler(0)
     if len(mine) > 1:
         assert seen["cpus"] != one

@@ -287,6 +287,28 @@ def test_busy_wait_polls_between_ticks_and_keeps_the_deadlines(busy: bool):
         assert share < 0.3, share  # the 200 us spin before each 5 ms deadline, and the ticks
 
 
+def test_realtime_priority_0_gives_a_thread_the_process_scheduling_back():
+    """set_realtime(t, 0) (the services thread after the control thread lent it back): the
+    scheduling the process was started with, not SCHED_OTHER, so a node run under
+    chrt --idle or --batch keeps it in every thread."""
+    import threading
+
+    from flashrt_ros.node.loop import PROCESS_SCHED, set_realtime
+
+    go = threading.Event()
+    t = threading.Thread(target=go.wait, args=(10,))
+    t.start()
+    try:
+        if set_realtime(t, 5):
+            pytest.skip("SCHED_FIFO is not allowed here")
+        assert os.sched_getscheduler(t.native_id) == os.SCHED_FIFO
+        assert set_realtime(t, 0) == ""
+        assert os.sched_getscheduler(t.native_id) == PROCESS_SCHED[0]
+    finally:
+        go.set()
+        t.join()
+
+
 def test_realtime_with_busy_wait_warns_about_the_kernels_throttling(tmp_path):
     """A SCHED_FIFO thread that never sleeps loses its CPU for what sched_rt_runtime_us leaves
     of each period: the node says so when both parameters are on (and only then)."""

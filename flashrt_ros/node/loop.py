@@ -112,16 +112,25 @@ def name_os_thread() -> bool:
     return _prctl(PR_SET_NAME, name)
 
 
+# The scheduling this process was started with (policy, priority), taken when the node starts:
+# what set_realtime(t, 0) puts back (an operator's chrt --idle or --batch stays the threads').
+PROCESS_SCHED = (
+    (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
+    if hasattr(os, "sched_getscheduler")
+    else None
+)
+
+
 def set_realtime(thread: threading.Thread | None, priority: int) -> str:
     """Give a started thread SCHED_FIFO at `priority` (the `realtime_priority` parameter), or,
-    with priority 0, normal scheduling back (a new thread inherits its creator's policy): ""
-    when done, else why not (no permission, not Linux). A FIFO thread runs before any normally
-    scheduled one the moment it wakes, so another process's thread cannot delay a tick; the
-    kernel's real-time throttling still leaves the others 5 % of each CPU."""
+    with priority 0, the process's own scheduling back (a new thread inherits its creator's
+    policy): "" when done, else why not (no permission, not Linux). A FIFO thread runs before
+    any normally scheduled one the moment it wakes, so another process's thread cannot delay a
+    tick; the kernel's real-time throttling still leaves the others 5 % of each CPU."""
     tid = getattr(thread, "native_id", None)
-    if not hasattr(os, "SCHED_FIFO") or tid is None:
+    if not hasattr(os, "SCHED_FIFO") or tid is None or PROCESS_SCHED is None:
         return "SCHED_FIFO is not available here"
-    policy = os.SCHED_FIFO if priority > 0 else os.SCHED_OTHER
+    policy, priority = (os.SCHED_FIFO, priority) if priority > 0 else PROCESS_SCHED
     try:
         os.sched_setscheduler(tid, policy, os.sched_param(priority))
     except OSError as e:

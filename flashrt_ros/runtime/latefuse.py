@@ -140,6 +140,12 @@ class LateFuse:
         # the CPUs of the thread that builds the engine (configure's): the stepping thread that
         # start()s the build may be pinned and real-time, and a new thread inherits both
         self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        # and its scheduling (an operator's chrt --idle or --batch stays the build's too)
+        self._sched = (
+            (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
+            if hasattr(os, "sched_getscheduler")
+            else None
+        )
 
     def start(self) -> None:
         """Begin the build (once; nothing after a cancel)."""
@@ -168,12 +174,14 @@ class LateFuse:
                 self.done.set()
 
     def _plain_scheduling(self) -> None:
-        """Normal scheduling and the engine builder's CPUs for this thread: the compile (and
-        the workers it forks) must not run at the control thread's SCHED_FIFO priority on its
-        CPU, where it would stall the loop for the whole build."""
+        """The engine builder's scheduling and CPUs for this thread: the compile (and the
+        workers it forks) must not run at the control thread's SCHED_FIFO priority on its CPU,
+        where it would stall the loop for the whole build. The builder's, not SCHED_OTHER: a
+        node started under SCHED_IDLE or SCHED_BATCH would otherwise compile at normal
+        priority."""
         try:
-            if hasattr(os, "SCHED_OTHER") and os.sched_getscheduler(0) != os.SCHED_OTHER:
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            if self._sched is not None and os.sched_getscheduler(0) != self._sched[0]:
+                os.sched_setscheduler(0, self._sched[0], os.sched_param(self._sched[1]))
             if self._cpus is not None and os.sched_getaffinity(0) != self._cpus:
                 os.sched_setaffinity(0, self._cpus)
         except OSError as e:  # not allowed here: the build still runs

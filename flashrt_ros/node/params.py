@@ -836,7 +836,8 @@ NODE_PARAMS = ParamTable(
             "compressed camera's decode thread, which steps when its frame completes a step_on "
             "set, keeps normal scheduling); "
             "needs CAP_SYS_NICE or an rtprio limit, else a warning and normal scheduling "
-            "(0 = normal scheduling)",
+            "(0 = normal scheduling); the node's other threads keep the scheduling the process "
+            "was started with (`chrt --idle` or `--batch` holds for them)",
             lo=0,
             hi=99,
         ),

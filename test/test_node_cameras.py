@@ -396,7 +396,12 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
 
     def command(timeout: float = 10.0) -> np.ndarray:
         n = len(c.commands)
-        assert ros.spin_until(lambda: len(c.commands) > n, timeout), proc.log_tail()
+        # a timeout says which: a step that never ran, or ran stale (the node's steps and
+        # stale_ticks), or a command that never came (two runs of 11 lost one, cause unknown)
+        assert ros.spin_until(lambda: len(c.commands) > n, timeout), (
+            f"no command; acknowledged {cams.seen}, the node's last diagnostics "
+            f"{c.diagnostics[-1:]}\n{proc.log_tail()}"
+        )
         ros.spin_for(0.2)
         assert len(c.commands) == n + 1, "one frame set, one step"
         return c.commands[-1]

@@ -586,7 +586,7 @@ def run_timer(
             t0, before = time.monotonic(), threads(proc.pid)
             try:
                 with ThreadSampler(proc.pid) as sampler:
-                    svc = run_services(cl, proc, args.service_calls, floor)
+                    svc = run_services(cl, proc, args.service_calls, floor, args.floor_call)
             finally:
                 if floor is not None:
                     floor.stop()
@@ -608,17 +608,20 @@ def run_timer(
 SERVICES_TIMED = ("checkpoint", "restore", "list_capsules", "drop_capsule")
 
 
-def run_services(cl: Client, proc, n: int, floor=None) -> dict:
+def run_services(cl: Client, proc, n: int, floor=None, floor_call: str = "first") -> dict:
     """`n` rounds of checkpoint, restore, list and drop on the node; with `floor` (a service
-    floor process) also one ListCapsules to it per round, so both see the same machine."""
+    floor process) also one ListCapsules to it per round, so both see the same machine:
+    `floor_call` first in the round (before the checkpoint) or last (after the drop)."""
     sc = ServiceCaller(cl.ros)  # as the floor's: a client with nothing else to do
     try:
-        return _services(cl, sc, proc, n, floor)
+        return _services(cl, sc, proc, n, floor, floor_call)
     finally:
         sc.close()
 
 
-def _services(cl: Client, sc: ServiceCaller, proc, n: int, floor=None) -> dict:
+def _services(
+    cl: Client, sc: ServiceCaller, proc, n: int, floor=None, floor_call: str = "first"
+) -> dict:
     from flashrt_ros import srv
 
     ck = sc.client(srv.Checkpoint, proc.service("checkpoint"))
@@ -639,7 +642,7 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int, floor=None) -> dict:
         if fl is not None:
             sc.call(fl, srv.ListCapsules.Request())
     for _ in range(n):
-        if fl is not None:  # the machine's state of this moment, for the floor too
+        if fl is not None and floor_call == "first":  # this moment of the machine, the floor's too
             t_fl.append(sc.call(fl, srv.ListCapsules.Request())[0])
         dt, r = sc.call(ck, srv.Checkpoint.Request())
         t_ck.append(dt)
@@ -653,6 +656,8 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int, floor=None) -> dict:
         dt, _ = sc.call(ls, srv.ListCapsules.Request())
         t_ls.append(dt)
         sc.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))  # keep the pool from filling
+        if fl is not None and floor_call == "last":
+            t_fl.append(sc.call(fl, srv.ListCapsules.Request())[0])
     us = lambda a: np.asarray(a) * 1e6  # noqa: E731
     diag = cl.latest_diag(3.0)
     nd = diag_numbers(diag)
@@ -676,6 +681,7 @@ def _services(cl: Client, sc: ServiceCaller, proc, n: int, floor=None) -> dict:
         "node_queue_by_service_p50_us": queue_by,  # reception to take, per service
         "node_reply_by_service_p50_us": reply_by,  # sending the reply, per service
         "calls": n,
+        "floor_call": floor_call if fl is not None else None,  # its place in each round
         "failures": len(fails),
         "first_failures": fails[:3],
         "checkpoint_p50_us": pct(us(t_ck), 50),
@@ -1543,6 +1549,14 @@ def main() -> int:
     )
     ap.add_argument("--obs-samples", type=int, default=None, help="lockstep (2000; quick 200)")
     ap.add_argument("--service-calls", type=int, default=None, help="per service (200; quick 30)")
+    ap.add_argument(
+        "--floor-call",
+        choices=("first", "last"),
+        default="first",
+        help="where the bare service floor's call goes in each round of the node's calls: "
+        "first (before the checkpoint; the default) or last (after the drop), to see whether "
+        "the call after another server's pays for the switch",
+    )
     ap.add_argument("--startup-timeout", type=float, default=180.0)
     ap.add_argument(
         "--realtime-priority",

@@ -611,7 +611,8 @@ SERVICES_TIMED = ("checkpoint", "restore", "list_capsules", "drop_capsule")
 def run_services(cl: Client, proc, n: int, floor=None, floor_call: str = "first") -> dict:
     """`n` rounds of checkpoint, restore, list and drop on the node; with `floor` (a service
     floor process) also one ListCapsules to it per round, so both see the same machine:
-    `floor_call` first in the round (before the checkpoint) or last (after the drop)."""
+    `floor_call` first in the round (before the checkpoint) or before the drop (the one call
+    of the round that is not timed)."""
     sc = ServiceCaller(cl.ros)  # as the floor's: a client with nothing else to do
     try:
         return _services(cl, sc, proc, n, floor, floor_call)
@@ -655,9 +656,9 @@ def _services(
             fails.append(f"restore: {rr.message}")
         dt, _ = sc.call(ls, srv.ListCapsules.Request())
         t_ls.append(dt)
-        sc.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))  # keep the pool from filling
-        if fl is not None and floor_call == "last":
+        if fl is not None and floor_call == "before-drop":  # then no timed call follows it
             t_fl.append(sc.call(fl, srv.ListCapsules.Request())[0])
+        sc.call(dr, srv.DropCapsule.Request(capsule=r.capsule.id))  # keep the pool from filling
     us = lambda a: np.asarray(a) * 1e6  # noqa: E731
     diag = cl.latest_diag(3.0)
     nd = diag_numbers(diag)
@@ -1551,11 +1552,12 @@ def main() -> int:
     ap.add_argument("--service-calls", type=int, default=None, help="per service (200; quick 30)")
     ap.add_argument(
         "--floor-call",
-        choices=("first", "last"),
+        choices=("first", "before-drop"),
         default="first",
         help="where the bare service floor's call goes in each round of the node's calls: "
-        "first (before the checkpoint; the default) or last (after the drop), to see whether "
-        "the call after another server's pays for the switch",
+        "first (before the checkpoint; the default) or before-drop (between the list and the "
+        "untimed drop), to see whether the call that follows another server's pays for the "
+        "switch",
     )
     ap.add_argument("--startup-timeout", type=float, default=180.0)
     ap.add_argument(

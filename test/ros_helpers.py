@@ -174,7 +174,7 @@ class NodeProcess:
         node beside a timed test that keeps both CPUs busy can get no CPU for many seconds, and
         killed after 10 s its clean exit read -9 (a fresh-clone run's stop test)."""
         if timeout is None:
-            timeout = 30.0 if os.sched_getscheduler(0) == os.SCHED_IDLE else 10.0
+            timeout = 30.0 if in_shared_run() else 10.0
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGINT)
@@ -278,6 +278,12 @@ def spin_for(node, seconds: float) -> None:
         executor.shutdown(timeout_sec=0)
 
 
+def in_shared_run() -> bool:
+    """This process is in make test's shared run: SCHED_IDLE (test/run_suite.py), where the
+    nodes it starts can get no CPU for seconds beside the timed run."""
+    return os.sched_getscheduler(0) == os.SCHED_IDLE
+
+
 # obs_timeout_s of a lockstep node of the shared run whose test names none (starved_run_params)
 SHARED_RUN_OBS_TIMEOUT_S = 5.0
 
@@ -291,7 +297,7 @@ def starved_run_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
     the command (a 589 ms step failed a fresh-clone run's lockstep test). That is the node's
     safety rule, which tests of their own check with their own obs_timeout_s; every other test
     steps in lockstep and wants its command."""
-    if os.sched_getscheduler(0) != os.SCHED_IDLE:
+    if not in_shared_run():
         return params
     p = dict(params or {})
     if p.get("trigger") == "observation" and "obs_timeout_s" not in p:

@@ -1,11 +1,12 @@
 """The import rules of the layers (docs/design.md, "Layers"), checked on the source with `ast`.
 
-The core (runtime, capsules, policies, cuda, obs, errors.py) must run where ROS is not installed
-(the GPU benchmark machine, a training job): it never imports ROS, nor the layers built on it.
-Inside the core, cuda/ is a toolkit that imports nothing of ours, policies/ never reach into the
-runtime that serves them, and errors.py is a leaf. replay/ works without the node. Every import
-is checked, also the ones inside functions, `from . import x` and `from flashrt_ros import Name`
-(resolved through the package's lazy exports), and `importlib.import_module("literal")`.
+The core (runtime, capsules, policies, cuda, obs, errors.py, scheduling.py) must run where ROS
+is not installed (the GPU benchmark machine, a training job): it never imports ROS, nor the
+layers built on it. Inside the core, cuda/ is a toolkit that imports nothing of ours, policies/
+never reach into the runtime that serves them, and errors.py and scheduling.py are leaves.
+replay/ works without the node. Every import is checked, also the ones inside functions,
+`from . import x` and `from flashrt_ros import Name` (resolved through the package's lazy
+exports), and `importlib.import_module("literal")`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "flashrt_ros"
 
-CORE = ("runtime", "capsules", "policies", "cuda", "obs", "errors")
+CORE = ("runtime", "capsules", "policies", "cuda", "obs", "errors", "scheduling")
+LEAVES = ("errors", "scheduling")  # top-level modules that import nothing of ours
 ON_TOP = ("node", "replay", "sim", "demo")  # the layers built on the core
 # top-level modules that are ROS (or, for rosbags, replay-only): never imported by the core
 ROS_EXACT = {"rclpy", "builtin_interfaces", "rosbags", "message_filters", "tf2_ros"}
@@ -150,8 +152,8 @@ def violations(root: Path) -> list[str]:
             rules.append("cuda/ imports nothing of flashrt_ros")
         if layer == "policies" and (ours(mod, "runtime", "capsules", *ON_TOP)):
             rules.append("policies/ never import runtime, capsules or the layers above")
-        if layer == "errors" and ours(mod):
-            rules.append("errors.py imports nothing of flashrt_ros")
+        if layer in LEAVES and ours(mod):
+            rules.append(f"{layer}.py imports nothing of flashrt_ros")
         if layer == "replay" and ours(mod, "node"):
             rules.append("replay/ never imports node/")
         bad += [f"{imp.where(root)} ({r})" for r in rules]
@@ -205,8 +207,8 @@ def test_the_core_imports_where_no_ros_is_installed():
         module_name(p, ROOT / PKG)
         for layer in CORE
         for p in (
-            [ROOT / PKG / "errors.py"]
-            if layer == "errors"
+            [ROOT / PKG / f"{layer}.py"]
+            if layer in LEAVES
             else sorted((ROOT / PKG / layer).rglob("*.py"))
         )
         if "__pycache__" not in p.parts

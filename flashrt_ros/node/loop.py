@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flashrt_ros.errors import CapacityError
 from flashrt_ros.node.collector import CollectorClock, passes, passes_text
+from flashrt_ros.scheduling import current_scheduling
 
 # The last 200 us before a deadline are busy-waited: a sleep overshoots. The spin keeps the GIL
 # (no sleep(0)): yielding it lets rclpy's executor thread take it, and getting it back can then
@@ -114,11 +115,7 @@ def name_os_thread() -> bool:
 
 # The scheduling this process was started with (policy, priority), taken when the node starts:
 # what set_realtime(t, 0) puts back (an operator's chrt --idle or --batch stays the threads').
-PROCESS_SCHED = (
-    (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
-    if hasattr(os, "sched_getscheduler")
-    else None
-)
+PROCESS_SCHED = current_scheduling()
 
 
 def set_realtime(thread: threading.Thread | None, priority: int) -> str:

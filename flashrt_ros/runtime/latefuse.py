@@ -48,6 +48,7 @@ import torch
 
 from flashrt_ros.cuda.graphs import CAPTURE_LOCK
 from flashrt_ros.runtime.session import PlanSet, Session
+from flashrt_ros.scheduling import current_scheduling
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,7 @@ class LateFuse:
         # start()s the build may be pinned and real-time, and a new thread inherits both
         self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         # and its scheduling (an operator's chrt --idle or --batch stays the build's too)
-        self._sched = (
-            (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
-            if hasattr(os, "sched_getscheduler")
-            else None
-        )
+        self._sched = current_scheduling()
 
     def start(self) -> None:
         """Begin the build (once; nothing after a cancel)."""

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from flashrt_ros import Engine, load_policy
 
@@ -53,3 +58,20 @@ def rate_with_room(share: float, most_hz: float) -> float:
     """A control rate at which one CPU step of builtin:hybrid fills `share` of the period, at
     most `most_hz`."""
     return min(most_hz, share / cpu_step_s())
+
+
+@contextlib.contextmanager
+def immutable(*paths: Path) -> Iterator[None]:
+    """Files nobody may remove, replace or write, root included (`chattr +i`; tests run as
+    root in CI): a disk that refuses, for real. Skips where the file system has no such flag."""
+    done: list[Path] = []
+    try:
+        for p in paths:
+            r = subprocess.run(["chattr", "+i", str(p)], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"chattr +i {p} is not possible here: {r.stderr.strip()}")
+            done.append(p)
+        yield
+    finally:
+        for p in done:
+            subprocess.run(["chattr", "-i", str(p)], check=True)

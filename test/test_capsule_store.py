@@ -26,9 +26,10 @@ from flashrt_ros.errors import (
     BadRequest,
     CapacityError,
     CorruptCapsule,
+    DiskError,
     FingerprintMismatch,
 )
-from test.engine_util import make_engine, observations
+from test.engine_util import immutable, make_engine, observations
 
 OBS = observations(40, seed=5)
 
@@ -661,6 +662,36 @@ def test_only_a_refusing_disk_is_a_disk_error(tmp_path):
     # a folder nobody may create files in, root included (tests run as root in CI)
     with pytest.raises(DiskError, match="cannot write"):
         eng.store.write(Path("/proc/self/x.fcap"), info, eng.pool.slab[0])
+
+
+def test_a_file_the_disk_will_not_remove_or_replace_refuses_drop_and_pin_changing_nothing(
+    tmp_path,
+):
+    """A capsule file capsule_dir refuses to remove or replace (immutable, a read-only mount):
+    drop and pin are DiskErrors (the node's /diagnostics counts them as the disk's trouble, not
+    the caller's), and the capsule, its pin and its file stay as they were; once the disk lets
+    go, the same calls work."""
+    eng = stepped(capsule_dir=tmp_path, capsule_slots=2)
+    eng.checkpoint(name="kept", persist=True)
+    gone = eng.checkpoint(name="gone", persist=True)
+    eng.checkpoint(name="a", pin=True)
+    eng.checkpoint(name="b", pin=True)  # evicts both persisted capsules: their files stay
+    eng.drop("b")
+    eng.load_capsule(tmp_path / "kept.fcap")  # back into the pool, from its file
+    before = [(c.id, c.name, c.pinned) for c in eng.capsules()]
+    files = (tmp_path / "kept.fcap", tmp_path / "gone.fcap")
+    with immutable(*files):
+        with pytest.raises(DiskError, match=r"cannot remove .*kept\.fcap: Operation not perm"):
+            eng.drop("kept")  # in the pool, with its file
+        with pytest.raises(DiskError, match=r"cannot rewrite .*kept\.fcap: Operation not perm"):
+            eng.pin("kept")
+        with pytest.raises(DiskError, match=r"cannot remove .*gone\.fcap"):
+            eng.drop("gone")  # only its file
+        assert [(c.id, c.name, c.pinned) for c in eng.capsules()] == before
+        assert names_in(tmp_path) == ["gone.fcap", "kept.fcap"]
+    assert eng.pin("kept").pinned and make_engine(capsule_dir=tmp_path).capsule("kept").pinned
+    assert eng.drop("kept").name == "kept" and eng.drop("gone").id == gone.id
+    assert names_in(tmp_path) == []
 
 
 def test_a_file_not_loaded_at_start_leaves_the_list_once_loaded_or_moved_out(tmp_path):

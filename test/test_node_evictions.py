@@ -2,7 +2,8 @@
 of the call that cost it (checkpoint, rewind with keep) and on /rosout, where the core's own
 log lines (Python `logging`: the runtime and the capsule store never import ROS) now arrive
 as the node's. Before, a planner learned of it only when its restore failed with "unknown
-capsule", and a persisted file skipped at a restart was said on stderr alone."""
+capsule", and a persisted file skipped at a restart was said on stderr alone. A capsule file the
+disk refuses to remove is the operator's trouble: said on /diagnostics, as a refused write is."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rcl_interfaces.msg import Log
 from rclpy.qos import QoSDurabilityPolicy, QoSProfile, QoSReliabilityPolicy
 
 from flashrt_ros.srv import Rewind
-from test.engine_util import observations
+from test.engine_util import immutable, observations
 from test.node_client import NodeClient
 
 OBS = observations(10, seed=3)
@@ -81,3 +82,30 @@ def test_an_evicted_capsule_is_named_in_the_reply_and_on_rosout(ros, tmp_path):
     assert reloaded == ["a", "b"]
     d = again.wait_diag(lambda d: "capsule_files_not_loaded" in d, 5.0)
     assert d["capsule_files_not_loaded"] == "1" and "before_grasp.fcap" in d["last_not_loaded"]
+
+
+def test_a_capsule_file_the_disk_will_not_remove_keeps_its_capsule_and_warns(ros, tmp_path):
+    """~/drop_capsule of a persisted capsule whose file capsule_dir refuses to remove (an
+    immutable file, a read-only mount): success=false saying why, the capsule stays listed and
+    restorable, and /diagnostics WARNs and counts it as a failed write to capsule_dir (it said
+    OK: only the planner knew). Once the disk lets go, the drop works."""
+    capdir = tmp_path / "capsules"
+    proc = ros.start_node({"trigger": "observation", "device": "cpu", "capsule_dir": str(capdir)})
+    node = NodeClient(ros, proc)
+    node.run(OBS[:3])
+    cp = node.call("checkpoint", name="safe_pose", persist=True)
+    assert cp.success, cp.message
+    with immutable(capdir / "safe_pose.fcap"):
+        node.run(OBS[3:5])  # fresh joint_states: "no step: waiting" would come first
+        r = node.call("drop_capsule", capsule="safe_pose")
+        assert not r.success and "cannot remove" in r.message, r.message
+        assert "fault" not in r.message, r.message
+        assert [c.name for c in node.call("list_capsules").capsules] == ["safe_pose"]
+        d = node.wait_diag(lambda d: d["_message"].startswith("writes to capsule_dir fail"), 5.0)
+        assert d["disk_write_failures"] == "1" and d["faults"] == "0", d
+        assert "safe_pose.fcap" in d["last_disk_error"], d
+        back = node.call("restore", capsule="safe_pose")
+        assert back.success and back.step == cp.capsule.step, back.message
+    r = node.call("drop_capsule", capsule="safe_pose")
+    assert r.success, r.message
+    assert node.call("list_capsules").capsules == [] and list(capdir.glob("*.fcap")) == []

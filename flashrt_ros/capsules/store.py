@@ -308,7 +308,7 @@ class CapsuleStore:
 
     def remove(self, info: CapsuleInfo) -> None:
         """Delete the file of a dropped capsule (only the file holding this very capsule);
-        BadRequest when it cannot be removed, so the caller keeps the capsule."""
+        DiskError when it cannot be removed, so the caller keeps the capsule."""
         owned = self._files.get(info.id)
         if owned is None:
             return
@@ -316,7 +316,7 @@ class CapsuleStore:
             try:
                 owned.path.unlink(missing_ok=True)
             except OSError as e:
-                raise BadRequest(f"cannot remove {owned.path}: {e.strerror}") from None
+                raise DiskError(f"cannot remove {owned.path}: {e.strerror}") from None
         elif owned.holds(info) and os.path.lexists(owned.path):
             log.warning(
                 "capsule file %s left in place: it no longer holds capsule %s (replaced since "
@@ -349,7 +349,7 @@ class CapsuleStore:
         try:
             diskfmt.write_capsule_file(owned.path, header, payload)
         except OSError as e:
-            raise BadRequest(f"cannot rewrite {owned.path}: {e.strerror}") from None
+            raise DiskError(f"cannot rewrite {owned.path}: {e.strerror}") from None
 
     def read_file(self, path: Path) -> tuple[dict, bytearray]:
         return diskfmt.read_capsule_file(path, lambda h: self.check_header(path, h))

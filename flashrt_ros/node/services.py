@@ -377,7 +377,11 @@ class CapsuleServices:
 
     def drop_capsule(self, req, resp):
         with self._locked():
-            info = self.ctl.configured().drop(req.capsule)
+            try:
+                info = self.ctl.configured().drop(req.capsule)
+            except DiskError as e:  # capsule_dir refused the unlink: capsule and file stay
+                self.ctl.wrote(f"drop: {e}")
+                raise
         resp.success, resp.message = True, f"dropped {info.id}"
         self.ctl.say(f"drop: {resp.message}")
         return resp

@@ -24,7 +24,13 @@ from flashrt_ros.capsules.names import CAPSULE_NAME, check_capsule_name, is_issu
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore, check_path, same_file
 from flashrt_ros.cuda.copy import copy_bytes
-from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, UnknownReference
+from flashrt_ros.errors import (
+    BadName,
+    BadRequest,
+    CorruptCapsule,
+    DiskError,
+    UnknownReference,
+)
 from flashrt_ros.runtime.args import bool_arg, ref_arg
 from flashrt_ros.runtime.inputs import numeric
 from flashrt_ros.runtime.probe import CheckpointProbe
@@ -375,7 +381,7 @@ class CapsuleVerbs:
         try:
             path.unlink()
         except OSError as e:
-            raise BadRequest(f"cannot remove {path}: {e.strerror}") from None
+            raise DiskError(f"cannot remove {path}: {e.strerror}") from None
         self.store.forget(ref)
         log.info("dropped capsule file %s (%s, not in the pool)", path, info.label())
         return info

@@ -1647,7 +1647,8 @@ def main() -> int:
         help="the camera scenario's node steps on each joint_states (the node's default), on "
         "each pair of camera frames (step_on: [top, wrist]), or both, one after the other "
         "(default; the joint_states one is 'camera', the other 'camera_frames'); none: only "
-        "the camera intake",
+        "the camera intake (with --no-camera-intake too, a full run has no image at all: "
+        "no image echo floor either)",
     )
     ap.add_argument("--no-startup", action="store_true", help="skip the cold and warm starts")
     ap.add_argument(
@@ -1766,8 +1767,12 @@ def main() -> int:
                 os.environ[PROFILE_VAR] = old
 
     full = args.only is None
+    # a full run told to leave every camera scenario out leaves their image floors out too
+    cameras = args.only == "camera" or (
+        full and (args.camera_step_on != "none" or args.camera_intake)
+    )
     profile_segment = None  # the bench process's own Fast DDS segment once the profile is loaded
-    if cam_profile is not None and (full or args.only == "camera"):
+    if cam_profile is not None and cameras:
         # This process publishes the camera scenarios' images, so its participants need the
         # profile, and Fast DDS loads profiles once per process, at the first participant: one
         # made without the variable (a start or timer scenario) left every later one on the
@@ -1781,7 +1786,7 @@ def main() -> int:
         note = "" if seg is None or seg >= 8 << 20 else " (WARNING: not the profile's 8 MiB)"
         log(f"camera Fast DDS profile {cam_profile}: this process's segment {seg} B{note}")
         profile_segment = seg
-    if (full or args.only == "camera") and not args.no_floors:
+    if cameras and not args.no_floors:
         # the 30 Hz image echo once more before the other scenarios: beside the one after the
         # camera scenarios it shows whether image delivery changed during the run
         with camera_dds():
@@ -1847,7 +1852,7 @@ def main() -> int:
             got[key] = flight_row(r[0]) if r is not None else None
         flight = flight_summary(got["with"], got["without"])
     cam = cam_frames = cam_lock = intake = None
-    if full or args.only == "camera":
+    if cameras:
         n_pairs = args.camera_samples or (30 if q else 500)
         with camera_dds():
             if args.camera_step_on in ("joint_states", "both"):
@@ -1882,6 +1887,8 @@ def main() -> int:
             ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
             ("image_echo_30hz", run_floor_image, (args, 200, log_dir, CAMERA_HZ)),
         ):
+            if key.startswith("image_echo") and not cameras:
+                continue
             if (
                 not full
                 and key

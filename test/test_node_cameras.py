@@ -394,12 +394,17 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
             }
         )
 
-    def command(timeout: float = 10.0) -> np.ndarray:
-        n = len(c.commands)
+    def command(n: int, timeout: float = 10.0) -> np.ndarray:
+        """The one command that follows the `n` there were before the frame set's last image.
+        Counted before it, not after: the node acknowledges the image, then steps, and a test
+        process that falls behind (a loaded machine) may run the command's callback in the same
+        spin as the acknowledgement's, before it (a fresh-clone run had steps=2 and the second
+        command already in while this waited for one more)."""
         # a timeout says which: a step that never ran, or ran stale (the node's steps and
-        # stale_ticks), or a command that never came (two runs of 11 lost one, cause unknown)
+        # stale_ticks), or a command that never came
         assert ros.spin_until(lambda: len(c.commands) > n, timeout), (
-            f"no command; acknowledged {cams.seen}, the node's last diagnostics "
+            f"no command after {n} (commands: {len(c.commands)}); acknowledged {cams.seen}, "
+            "the node's last diagnostics "
             f"{c.diagnostics[-1:]}\n{proc.log_tail()}"
         )
         ros.spin_for(0.2)
@@ -415,20 +420,23 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     cams.send("top", image_msg(tops[1], "rgb8"))
     ros.spin_for(0.3)
     assert c.commands == []  # the wrist has nothing new yet
+    n = len(c.commands)
     cams.send("wrist", image_msg(wrists[1], "bgr8"))
-    np.testing.assert_array_equal(command(), expect(obs[0], 1))
+    np.testing.assert_array_equal(command(n), expect(obs[0], 1))
 
     state(obs[1])  # a newer joint state, then a frame set in the other order
+    n = len(c.commands)
     frame_set(2, first="wrist")
-    np.testing.assert_array_equal(command(), expect(obs[1], 2))
+    np.testing.assert_array_equal(command(n), expect(obs[1], 2))
 
     cams.send("wrist", image_msg(tops[3][:, :, 0], "mono8"))  # refused: not a new wrist frame
     cams.send("top", image_msg(tops[3], "rgb8"))
     ros.spin_for(0.3)
     assert len(c.commands) == 2
     state(obs[2])
+    n = len(c.commands)
     cams.send("wrist", image_msg(wrists[3], "bgr8"))
-    np.testing.assert_array_equal(command(), expect(obs[2], 3))
+    np.testing.assert_array_equal(command(n), expect(obs[2], 3))
 
     ros.spin_for(2.3)  # the joint_states goes stale: a frame set holds the robot
     d = c.latest_diag(10.0)
@@ -441,8 +449,9 @@ def test_step_on_cameras_steps_once_per_frame_set_on_the_newest_joint_states(ros
     assert int(d["stale_ticks"]) == stale_before + 1, d
     assert float(d["stale_s"]) >= stale_s + 2.0, d  # the time since the frame set before
     state(obs[3])  # fresh again: the next frame set steps
+    n = len(c.commands)
     frame_set(4)
-    np.testing.assert_array_equal(command(), expect(obs[3], 4))
+    np.testing.assert_array_equal(command(n), expect(obs[3], 4))
     assert "trigger observation on top + wrist" in proc.log_tail(200)
 
     # the wrist stops while joint_states and the top camera go on: no frame set completes, so

@@ -24,13 +24,7 @@ from flashrt_ros.capsules.names import CAPSULE_NAME, check_capsule_name, is_issu
 from flashrt_ros.capsules.pool import Capsule, CapsulePool
 from flashrt_ros.capsules.store import CapsuleStore, check_path, same_file
 from flashrt_ros.cuda.copy import copy_bytes
-from flashrt_ros.errors import (
-    BadName,
-    BadRequest,
-    CorruptCapsule,
-    DiskError,
-    UnknownReference,
-)
+from flashrt_ros.errors import BadName, BadRequest, CorruptCapsule, DiskError, UnknownReference
 from flashrt_ros.runtime.args import bool_arg, ref_arg
 from flashrt_ros.runtime.inputs import numeric
 from flashrt_ros.runtime.probe import CheckpointProbe

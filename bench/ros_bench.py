@@ -1713,6 +1713,7 @@ def main() -> int:
     import torch
 
     from bench.host_facts import cpu_model, fastdds_segment_bytes, net_shm_delta, net_shm_load
+    from bench.host_gate import probe as gate_probe
 
     log(
         f"device {args.device}, rates {rates} ({args.seconds} s each, 1 kHz "
@@ -1720,6 +1721,11 @@ def main() -> int:
         f"service calls; torch {torch.__version__}, cuda {torch.cuda.is_available()}; "
         f"node logs in {log_dir}"
     )
+    # the host's speed before anything runs (bench/host_gate.py): a slow host is told from a
+    # slow node by this; a quick run skips its 4-8 s
+    host_probe = None if q else gate_probe()
+    if host_probe:
+        log(f"host: {host_probe}")
     t_all = time.monotonic()
     rows, svc, obs, errors = [], None, None, []
     starts: dict = {}
@@ -1954,6 +1960,7 @@ def main() -> int:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "cpu": cpu_model(),
+        "host_probe": host_probe,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - t_all, 1),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

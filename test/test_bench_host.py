@@ -69,6 +69,59 @@ def test_cpu_speed_refuses_a_cpu_it_may_not_use(tmp_path) -> None:
     assert set(json.loads(out.read_text())["cpus"]) == {str(c) for c in os.sched_getaffinity(0)}
 
 
+def _gate(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "gate.json"
+    r = subprocess.run(
+        [sys.executable, "bench/host_gate.py", "--loop-n", "2000", "--sleeps", "20"]
+        + [*args, "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return r, out
+
+
+def test_host_gate_stops_on_a_slow_host_and_passes_a_fast_one(tmp_path) -> None:
+    slow, out = _gate(tmp_path, "--max-loop-s", "1e-9")  # no loop is that fast
+    assert slow.returncode == 3 and "slow host" in slow.stderr
+    r = json.loads(out.read_text())
+    assert r["slow"] is True and r["loop_s"] > 0 and r["max_loop_s"] == 1e-9
+    assert r["sleep_1ms_late_us"]["p50"] <= r["sleep_1ms_late_us"]["max"]
+    fast, out = _gate(tmp_path, "--max-loop-s", "1000")
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(out.read_text())["slow"] is False
+    report, out = _gate(tmp_path)  # no bound: a report, never a stop
+    assert report.returncode == 0 and json.loads(out.read_text())["max_loop_s"] is None
+    bad, out2 = _gate(tmp_path / "x", "--max-loop-s", "-1")
+    assert bad.returncode == 2 and "--max-loop-s must be >= 0" in bad.stderr
+    assert not out2.exists()
+
+
+def test_ros_gpu_gate_stops_the_call_before_its_setup(tmp_path) -> None:
+    """GATE_LOOP_S: a slow host ends bench/ros_gpu.sh with 3 before the venv or the build is
+    touched; a fast one goes on (here to the missing wheels, so nothing is installed)."""
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no_wheels")}
+
+    def gpu(bound: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "bench/ros_gpu.sh", str(tmp_path / "out")],
+            cwd=REPO_ROOT,
+            env={**env, "GATE_LOOP_S": bound},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    slow = gpu("1e-9")
+    assert slow.returncode == 3, slow.stdout + slow.stderr
+    assert "slow host (GATE_LOOP_S=1e-9): not run" in slow.stdout
+    assert json.loads((tmp_path / "out" / "host_gate.json").read_text())["slow"] is True
+    fast = gpu("1000")
+    assert fast.returncode == 1 and "no wheels in" in fast.stderr, fast.stdout + fast.stderr
+    assert '"slow":false' in fast.stdout
+
+
 def _sample(spin_cpu: int, nap_cpu: int) -> tuple[int, ThreadSampler, list[dict]]:
     p = subprocess.Popen(
         [sys.executable, "-c", BUSY_CHILD, str(spin_cpu), str(nap_cpu)],

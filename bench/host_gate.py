@@ -1,21 +1,26 @@
-"""Is this machine fast enough to judge the node on? A 4-8 s look before a GPU run.
+"""Is this machine fast enough to judge the node on? A few seconds' look before a GPU run.
 
 The GPU machines are virtual and not alike: on some hosts every process, the bare-rclpy floors
 included, runs 1.7-3x slower, and the bare 1 kHz timer overruns too (HISTORY, 2026-12-06). A
 run there measures the host, and costs the ~6 minutes of device time a run on a good host would.
-This probe times a fixed Python loop (the best of three) and 2000 one-millisecond sleeps:
+This probe times a fixed Python loop on every CPU in turn (pinned; the vCPUs of one machine can
+differ 2x, so one CPU's time is luck) and 2000 one-millisecond sleeps, and reads the steal:
 
     python3 bench/host_gate.py [--max-loop-s 0.85] [--out FILE]
 
-With --max-loop-s it exits 3 when the loop is slower, so a call can stop before its run
-(bench/ros_gpu.sh does with GATE_LOOP_S). On the H100s of 2026-12-06 the loop took 0.686 s on
-a host whose floors matched the earlier good ones and 1.24-1.39 s on the slow ones.
+`loop_s` is the median over the CPUs of each one's best time, in seconds per 10M iterations.
+With --max-loop-s it exits 3 when that is slower, so a call can stop before its run
+(bench/ros_gpu.sh does with GATE_LOOP_S). On the H100s of 2026-12-06 one CPU's loop took
+0.686 s on a host whose floors matched the earlier good ones and 1.24-1.39 s on two slow ones;
+a fourth host passed at 0.566 s and still ran slow, so a pass is no promise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,20 +30,39 @@ if __package__ in (None, ""):
 
 from bench.host_facts import emit  # noqa: E402
 
-LOOP_N = 10_000_000  # the loop's iterations: ~0.7 s on a good host
+LOOP_N = 10_000_000  # loop_s is per this many iterations: ~0.7 s on a good host
+PER_CPU_N = 2_000_000  # iterations timed on each CPU
 
 
-def loop_s(n: int = LOOP_N, rounds: int = 3) -> float:
-    """The best of `rounds` timings of a plain `s += i` loop of `n`: the interpreter's speed on
-    this vCPU, the best so one preemption does not fail a good host."""
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        s = 0
-        for i in range(n):
-            s += i
-        best = min(best, time.perf_counter() - t)
+def loop_once(n: int) -> float:
+    """One timing of a plain `s += i` loop of `n`: the interpreter's speed on this CPU."""
+    t = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i
+    return time.perf_counter() - t
+
+
+def loop_per_cpu(n: int = PER_CPU_N, rounds: int = 2) -> dict[int, float]:
+    """Each allowed CPU's best of `rounds` timings, scaled to LOOP_N iterations; rounds go over
+    every CPU in turn, so a slow minute of the machine falls on all of them alike."""
+    keep = os.sched_getaffinity(0)
+    best = {c: float("inf") for c in sorted(keep)}
+    try:
+        for _ in range(rounds):
+            for c in best:
+                os.sched_setaffinity(0, {c})
+                best[c] = min(best[c], loop_once(n) * LOOP_N / n)
+    finally:
+        os.sched_setaffinity(0, keep)
     return best
+
+
+def stat_total() -> list[int]:
+    """The all-CPU counters of /proc/stat (user ... steal); [] where there is none."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        return [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return []
 
 
 def sleep_late_us(count: int = 2000, period_s: float = 0.001) -> dict:
@@ -56,14 +80,25 @@ def sleep_late_us(count: int = 2000, period_s: float = 0.001) -> dict:
     }
 
 
-def probe(n: int = LOOP_N, sleeps: int = 2000) -> dict:
-    """The loop and the sleeps, with the load average they ran under."""
+def probe(n: int = PER_CPU_N, sleeps: int = 2000) -> dict:
+    """The loop on every CPU, the sleeps, and the steal and load they ran under."""
+    a = stat_total()
+    per = loop_per_cpu(n)
+    late = sleep_late_us(sleeps)
+    b = stat_total()
+    d = [y - x for x, y in zip(a, b, strict=False)]
+    times = sorted(per.values())
+    sig = lambda v: float(f"{v:.4g}")  # noqa: E731
     return {
-        "loop_n": n,
-        "loop_s": float(f"{loop_s(n):.4g}"),
-        "sleep_1ms_late_us": sleep_late_us(sleeps),
+        "loop_n": LOOP_N,
+        "loop_s": sig(statistics.median(times)),
+        "loop_s_fastest_cpu": sig(times[0]),
+        "loop_s_slowest_cpu": sig(times[-1]),
+        "slowest_cpu": max(per, key=per.get),
+        "sleep_1ms_late_us": late,
+        "steal_pct": round(100 * d[7] / (sum(d) or 1), 2) if len(d) > 7 else None,
         "loadavg_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
+        "cpus": len(per),
     }
 
 
@@ -76,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 3 when the loop takes longer than this (0 = report only)",
     )
     ap.add_argument("--out", type=Path, help="also write the JSON here")
-    ap.add_argument("--loop-n", type=int, default=LOOP_N, help=argparse.SUPPRESS)
+    ap.add_argument("--loop-n", type=int, default=PER_CPU_N, help=argparse.SUPPRESS)
     ap.add_argument("--sleeps", type=int, default=2000, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.max_loop_s < 0 or a.loop_n < 1 or a.sleeps < 1:

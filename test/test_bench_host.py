@@ -87,6 +87,10 @@ def test_host_gate_stops_on_a_slow_host_and_passes_a_fast_one(tmp_path) -> None:
     assert slow.returncode == 3 and "slow host" in slow.stderr
     r = json.loads(out.read_text())
     assert r["slow"] is True and r["loop_s"] > 0 and r["max_loop_s"] == 1e-9
+    # every CPU this process may use was timed, the gate's figure their median
+    assert r["cpus"] == len(os.sched_getaffinity(0))
+    assert r["loop_s_fastest_cpu"] <= r["loop_s"] <= r["loop_s_slowest_cpu"]
+    assert r["slowest_cpu"] in os.sched_getaffinity(0)
     assert r["sleep_1ms_late_us"]["p50"] <= r["sleep_1ms_late_us"]["max"]
     fast, out = _gate(tmp_path, "--max-loop-s", "1000")
     assert fast.returncode == 0, fast.stderr

@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -48,8 +49,9 @@ def cpu_times() -> dict[int, list[int]]:
     return out
 
 
-def probe(cpus: list[int], rounds: int, n: int) -> dict:
-    """Rounds of `work(n)` on each CPU in turn; the best, median and steal per CPU."""
+def probe(cpus: list[int], rounds: int, n: int, fn: Callable[[int], object] = work) -> dict:
+    """Rounds of `fn(n)` (default `work`) on each CPU in turn; the best, median and steal per
+    CPU."""
     keep = os.sched_getaffinity(0)
     times: dict[int, list[float]] = {c: [] for c in cpus}
     t0 = cpu_times()
@@ -57,9 +59,9 @@ def probe(cpus: list[int], rounds: int, n: int) -> dict:
         for _ in range(rounds):
             for c in cpus:
                 os.sched_setaffinity(0, {c})
-                work(n // 10)  # settle on the CPU
+                fn(n // 10)  # settle on the CPU
                 s = time.perf_counter_ns()
-                work(n)
+                fn(n)
                 times[c].append((time.perf_counter_ns() - s) / 1e3)
     finally:
         os.sched_setaffinity(0, keep)

@@ -88,15 +88,26 @@ def capabilities() -> dict:
     }
 
 
+def stat_total() -> list[int]:
+    """The all-CPU counters of /proc/stat (user, nice, system, idle, iowait, irq, softirq,
+    steal, ...); [] where there is none."""
+    with contextlib.suppress(IndexError, ValueError):
+        return [int(v) for v in read("/proc/stat").splitlines()[0].split()[1:]]
+    return []
+
+
+def steal_between(a: list[int], b: list[int]) -> float | None:
+    """Percent of all CPU time, idle included, stolen by the hypervisor between two
+    stat_total() samples; None where there is no steal counter."""
+    d = [y - x for x, y in zip(a, b, strict=False)]
+    return round(100 * d[7] / (sum(d) or 1), 2) if len(d) > 7 else None
+
+
 def steal(seconds: float) -> dict:
     """CPU time stolen by a hypervisor and spent idle over `seconds`, all CPUs (/proc/stat)."""
-
-    def sample() -> list[int]:
-        return [int(v) for v in read("/proc/stat").splitlines()[0].split()[1:]]
-
-    a = sample()
+    a = stat_total()
     time.sleep(seconds)
-    b = sample()
+    b = stat_total()
     d = [y - x for x, y in zip(a, b, strict=False)]
     total = sum(d) or 1
     return {

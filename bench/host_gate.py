@@ -18,7 +18,6 @@ a fourth host passed at 0.566 s and still ran slow, so a pass is no promise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -28,41 +27,19 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.host_facts import emit  # noqa: E402
+from bench import cpu_speed  # noqa: E402
+from bench.host_facts import emit, stat_total, steal_between  # noqa: E402
 
 LOOP_N = 10_000_000  # loop_s is per this many iterations: ~0.7 s on a good host
 PER_CPU_N = 2_000_000  # iterations timed on each CPU
 
 
-def loop_once(n: int) -> float:
-    """One timing of a plain `s += i` loop of `n`: the interpreter's speed on this CPU."""
-    t = time.perf_counter()
+def add_loop(n: int) -> int:
+    """A plain `s += i` loop of `n`: the interpreter's speed on the CPU it runs on."""
     s = 0
     for i in range(n):
         s += i
-    return time.perf_counter() - t
-
-
-def loop_per_cpu(n: int = PER_CPU_N, rounds: int = 2) -> dict[int, float]:
-    """Each allowed CPU's best of `rounds` timings, scaled to LOOP_N iterations; rounds go over
-    every CPU in turn, so a slow minute of the machine falls on all of them alike."""
-    keep = os.sched_getaffinity(0)
-    best = {c: float("inf") for c in sorted(keep)}
-    try:
-        for _ in range(rounds):
-            for c in best:
-                os.sched_setaffinity(0, {c})
-                best[c] = min(best[c], loop_once(n) * LOOP_N / n)
-    finally:
-        os.sched_setaffinity(0, keep)
-    return best
-
-
-def stat_total() -> list[int]:
-    """The all-CPU counters of /proc/stat (user ... steal); [] where there is none."""
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        return [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    return []
+    return s
 
 
 def sleep_late_us(count: int = 2000, period_s: float = 0.001) -> dict:
@@ -81,12 +58,13 @@ def sleep_late_us(count: int = 2000, period_s: float = 0.001) -> dict:
 
 
 def probe(n: int = PER_CPU_N, sleeps: int = 2000) -> dict:
-    """The loop on every CPU, the sleeps, and the steal and load they ran under."""
+    """The loop on every CPU (bench/cpu_speed.py's round-robin, best of two each), the sleeps,
+    and the steal and load they ran under."""
     a = stat_total()
-    per = loop_per_cpu(n)
+    rows = cpu_speed.probe(sorted(os.sched_getaffinity(0)), 2, n, add_loop)["cpus"]
     late = sleep_late_us(sleeps)
-    b = stat_total()
-    d = [y - x for x, y in zip(a, b, strict=False)]
+    steal = steal_between(a, stat_total())
+    per = {c: r["best_us"] * 1e-6 * LOOP_N / n for c, r in rows.items()}
     times = sorted(per.values())
     sig = lambda v: float(f"{v:.4g}")  # noqa: E731
     return {
@@ -96,7 +74,7 @@ def probe(n: int = PER_CPU_N, sleeps: int = 2000) -> dict:
         "loop_s_slowest_cpu": sig(times[-1]),
         "slowest_cpu": max(per, key=per.get),
         "sleep_1ms_late_us": late,
-        "steal_pct": round(100 * d[7] / (sum(d) or 1), 2) if len(d) > 7 else None,
+        "steal_pct": steal,
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "cpus": len(per),
     }

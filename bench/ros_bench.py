@@ -1908,7 +1908,8 @@ def main() -> int:
             ("image_echo", run_floor_image, (args, min(args.obs_samples, 500), log_dir)),
             ("image_echo_30hz", run_floor_image, (args, 200, log_dir, CAMERA_HZ)),
         ):
-            if key.startswith("image_echo") and not cameras or key == "timer_500" and args.goals:
+            no_camera = key.startswith("image_echo") and not cameras
+            if no_camera or (key == "timer_500" and args.goals):
                 continue
             if (
                 not full

@@ -11,7 +11,8 @@
 #     and the bare-rclpy floors (bench/ros_floors.py); about 4-5 minutes on the H200.
 # Env: PYTHON (python3), WHEELS (.whl312), DEVICE (cuda), GATE_LOOP_S (unset: no gate; e.g.
 # 0.85: exit 3 before the setup when bench/host_gate.py's loop is slower, a host too slow to
-# judge the node on). DDS stays on loopback (env.sh).
+# judge the node on), GATE_SLEEP_P99_US (the same for its 1 ms sleeps' p99 lateness, e.g. 125).
+# DDS stays on loopback (env.sh).
 set -eo pipefail
 
 OUT="${1:?usage: bash bench/ros_gpu.sh OUT_DIR [ros_bench.py args]}"
@@ -32,12 +33,13 @@ die() { printf '[ros_gpu] FAILED: %s\n' "$*" >&2; exit 1; }
 # ---- 0. what the machine has
 command -v "$PY" >/dev/null || die "no $PY"
 # with GATE_LOOP_S, a slow host stops the call here, before the setup (exit 3; bench/host_gate.py)
-if [ -n "${GATE_LOOP_S:-}" ]; then
+if [ -n "${GATE_LOOP_S:-}${GATE_SLEEP_P99_US:-}" ]; then
   grc=0; rm -f "$OUT/host_gate.json"
-  "$PY" bench/host_gate.py --max-loop-s "$GATE_LOOP_S" --out "$OUT/host_gate.json" >/dev/null || grc=$?
+  "$PY" bench/host_gate.py --max-loop-s "${GATE_LOOP_S:-0}" --max-sleep-p99-us "${GATE_SLEEP_P99_US:-0}" \
+    --out "$OUT/host_gate.json" >/dev/null || grc=$?
   [ -f "$OUT/host_gate.json" ] || die "bench/host_gate.py failed (rc $grc)"
   say "host gate: $(tr -d ' \n' < "$OUT/host_gate.json")"
-  [ "$grc" = 0 ] || { say "slow host (GATE_LOOP_S=$GATE_LOOP_S): not run"; exit "$grc"; }
+  [ "$grc" = 0 ] || { say "slow host (GATE_LOOP_S=${GATE_LOOP_S:-} GATE_SLEEP_P99_US=${GATE_SLEEP_P99_US:-}): not run"; exit "$grc"; }
 fi
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' 2>/dev/null ||
   say "warning: $PY is $("$PY" -V 2>&1), the wheels in $WHEELS are for CPython 3.12"

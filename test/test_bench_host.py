@@ -98,8 +98,22 @@ def test_host_gate_stops_on_a_slow_host_and_passes_a_fast_one(tmp_path) -> None:
     report, out = _gate(tmp_path)  # no bound: a report, never a stop
     assert report.returncode == 0 and json.loads(out.read_text())["max_loop_s"] is None
     bad, out2 = _gate(tmp_path / "x", "--max-loop-s", "-1")
-    assert bad.returncode == 2 and "--max-loop-s must be >= 0" in bad.stderr
+    assert bad.returncode == 2 and "--max-loop-s and --max-sleep-p99-us must be >= 0" in bad.stderr
     assert not out2.exists()
+
+
+def test_host_gate_stops_on_late_wake_ups(tmp_path) -> None:
+    """--max-sleep-p99-us: a host whose 1 ms sleeps wake late is stopped even when its loop is
+    fast; the cross-process ping-pong is measured beside it."""
+    late, out = _gate(tmp_path, "--max-loop-s", "1000", "--max-sleep-p99-us", "1e-6")
+    assert late.returncode == 3 and "a 1 ms sleep woke" in late.stderr, late.stderr
+    r = json.loads(out.read_text())
+    assert r["slow"] is True and r["max_sleep_p99_us"] == 1e-6
+    pong = r["pingpong_rtt_us"]
+    assert 0 < pong["p50"] <= pong["p99"] <= pong["max"]
+    ok, out = _gate(tmp_path, "--max-sleep-p99-us", "1e9")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(out.read_text())["slow"] is False
 
 
 def test_ros_gpu_gate_stops_the_call_before_its_setup(tmp_path) -> None:
@@ -119,7 +133,7 @@ def test_ros_gpu_gate_stops_the_call_before_its_setup(tmp_path) -> None:
 
     slow = gpu("1e-9")
     assert slow.returncode == 3, slow.stdout + slow.stderr
-    assert "slow host (GATE_LOOP_S=1e-9): not run" in slow.stdout
+    assert "slow host (GATE_LOOP_S=1e-9 GATE_SLEEP_P99_US=): not run" in slow.stdout
     assert json.loads((tmp_path / "out" / "host_gate.json").read_text())["slow"] is True
     fast = gpu("1000")
     assert fast.returncode == 1 and "no wheels in" in fast.stderr, fast.stdout + fast.stderr

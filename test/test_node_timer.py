@@ -129,6 +129,22 @@ def test_timer_loop_refuses_bad_joint_states_and_never_steps_on_them(ros):
     assert np.isfinite(c.commands[-1]).all()
 
 
+def test_timer_tick_falls_back_to_the_newest_valid_joint_states_of_a_backlog(ros):
+    """The control thread takes a tick's queued joint_states serialized and makes a message
+    of the newest only; when that one is bad it is refused and the one before it is used."""
+    proc = ros.start_node({"trigger": "timer", "rate_hz": 5.0, "obs_timeout_s": 1.5})
+    c = NodeClient(ros, proc)
+    assert ros.spin_until(lambda: bool(c.diagnostics), 30.0)
+    bad = OBS[2].copy()
+    bad[1] = np.nan
+    c.publish(OBS[1])  # both within a millisecond: one 200 ms tick takes them together
+    c.publish(bad)
+    assert ros.spin_until(lambda: len(c.commands) >= 2, 5.0), c.diagnostics[-1:]
+    assert np.isfinite(c.commands[-1]).all()
+    d = c.latest_diag(5.0)
+    assert int(d["refused_inputs"]) == 1 and "NaN" in d["last_refusal"], d
+
+
 def test_timer_mode_never_steps_on_an_observation_from_before_activation(ros):
     """joint_states queued while the node was inactive is old news at activation."""
     proc = ros.start_node(

@@ -76,7 +76,8 @@ class LoopStats:
         self.last_fault = ""
         self.faults_reported = 0  # faults already shown by a /diagnostics message
         self.tick_times = Ring(8192)  # monotonic times of recent steps
-        self.js_times = Ring(8192)  # monotonic times of recent valid joint_states
+        self.js_times = Ring(8192)  # monotonic times of recent valid joint_states (and of those
+        # a timer tick's newer valid one superseded unexamined)
         self.service_us = Ring(512)  # time spent in service handlers (round trip minus DDS)
         self.lock_wait_us = Ring(512)  # of that, waiting for the engine lock
         # from the middleware's reception of a request to its take (host.py): the time it

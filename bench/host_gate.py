@@ -13,10 +13,11 @@ With --max-loop-s it exits 3 when that is slower, so a call can stop before its 
 (bench/ros_gpu.sh does with GATE_LOOP_S; GATE_SLEEP_P99_US for the sleeps). On the H100s of
 2026-12-06 one CPU's loop took 0.686 s on a host whose floors matched the earlier good ones and
 1.24-1.39 s on two slow ones; a fourth host passed at 0.566 s and still ran slow, and a fifth
-looped in 0.35 s (a faster CPU) with slow floors. The sleeps told them apart better: p99
-lateness 96 us on the good host, 130-1865 on the four others. Five hosts are few: a pass is no
-promise. `pingpong_rtt_us` (a pipe round trip between two processes) is recorded to learn
-whether it predicts the DDS floors.
+looped in 0.35 s (a faster CPU) with slow floors. The sleeps told the seven hosts of that day
+apart: p99 lateness 74-96 us on the two good ones, 123-1865 on the five slow ones (a bound of
+125 passed one at 123.4; 110 is the one used since). Seven hosts are few: a pass is no promise.
+`pingpong_rtt_us` (a pipe round trip between two processes) is recorded to learn whether it
+predicts the DDS floors.
 """
 
 from __future__ import annotations

@@ -208,3 +208,24 @@ def test_net_shm_load_sees_dropped_datagrams_and_fast_dds_files(tmp_path) -> Non
     assert d["udp"].get("RcvbufErrors", 0) >= 100
     assert d["udp"].get("OutDatagrams", 0) >= 200
     assert d["shm_files"] == [2, 2] and before["shm_bytes"] == 132
+
+
+def test_a_start_run_over_rounds_is_judged_on_its_median() -> None:
+    """ros_bench --start-rounds: the headline's start figures are each start's median over its
+    rounds (the warm start goal is judged on it), and every round is kept beside it."""
+    from bench.ros_bench import headline
+
+    starts = {
+        "cold": {"first_command_s": 20.0},
+        "late": {"first_command_s": 2.45},
+        "late#2": {"first_command_s": 1.96},
+        "late#3": {"first_command_s": 2.04},
+        "floor": {"first_command_s": 1.70},
+        "floor#2": {"first_command_s": 1.76},
+        "floor#3": None,  # a start that failed: no figure, and not a zero
+    }
+    h = headline([], [], None, None, {}, starts)
+    assert h["late_fuse_start_s"] == 2.04 and h["cold_start_s"] == 20.0
+    assert h["floor_start_s"] == 1.73 and h["unfused_start_s"] is None
+    assert h["start_rounds_s"] == {"late": [2.45, 1.96, 2.04], "floor": [1.70, 1.76, None]}
+    assert "start_rounds_s" not in headline([], [], None, None, {}, None)  # no starts given

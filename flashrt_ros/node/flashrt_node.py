@@ -43,8 +43,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-from flashrt_ros.capsules.folder_lock import FolderLock, lock_folder
-from flashrt_ros.errors import BadRequest
+from flashrt_ros.capsules.folder_lock import FolderLock
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
@@ -62,6 +61,7 @@ from flashrt_ros.node.loop import (
     throttle_note,
 )
 from flashrt_ros.node.polled import PolledGroup, take
+from flashrt_ros.node.prebuild import make_engine
 from flashrt_ros.node.qos_check import (
     QOS_OVERRIDES,
     input_qos,
@@ -70,10 +70,7 @@ from flashrt_ros.node.qos_check import (
 )
 from flashrt_ros.node.services import CapsuleServices, Control, pool_bytes
 from flashrt_ros.node.stats import LoopStats
-from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
-from flashrt_ros.obs.joints import JointMapper, fields_hint
-from flashrt_ros.policies.base import IMAGE_PREFIX
-from flashrt_ros.policies.loader import load_policy
+from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.runtime.engine import Engine
 
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
@@ -164,6 +161,7 @@ class FlashrtNode(LifecycleNode):
         self._fuse_unlogged = False  # late fusing's end is not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
+        self.prebuild = None  # main.py's node/prebuild.Prebuild: the autostart's engine, made ahead
         self._stopped_active = False  # a signal stopped the node while active (hold_for_exit)
         self._twins_said = 1  # nodes of this name last seen on the graph (_same_name_nodes)
         self._uncounted = False  # the tick just run copied a fault's flight ring (_on_timing)
@@ -233,46 +231,23 @@ class FlashrtNode(LifecycleNode):
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
             cfg = params.read(self)
-            t_load = time.monotonic()
-            policy = load_policy(cfg.policy, weights=cfg.weights or None)
-            mapper = JointMapper(cfg.joint_names, limit=cfg.obs_limit, fields=cfg.state_fields)
-            misfits = []
-            if policy.action_dim != mapper.n:
-                misfits.append(
-                    f"it gives {policy.action_dim} actions and joint_names has {mapper.n} "
-                    "joints: a command carries one action per joint, in joint_names' order"
-                )
-            if policy.obs_dim != mapper.dim:
-                misfits.append(
-                    f"it takes {policy.obs_dim} observations and state_fields "
-                    f"{list(mapper.fields)} of {mapper.n} joints make {mapper.dim} observations"
-                    + fields_hint(policy.obs_dim, mapper.n)
-                )
-            if misfits:
-                raise ValueError(f"policy {policy.policy_id}: " + "; ".join(misfits))
-            cameras = parse_cameras(cfg.cameras)
-            state_key = self._check_inputs(policy, cameras)
-            self._lock_capsule_dir(cfg.capsule_dir)
             t0 = time.monotonic()
-            engine = Engine(
-                policy,
-                device=cfg.device,
-                seed=cfg.seed,
-                capsule_slots=cfg.capsule_slots,
-                host_capsule_slots=cfg.host_capsule_slots,
-                capsule_dir=cfg.capsule_dir or None,
-                max_sessions=cfg.max_sessions,  # the rollout scratch session is not counted
-                obs_limit=cfg.obs_limit,
-                flight_ticks=cfg.flight_ticks,
-                compile_cache_dir=cfg.compile_cache_dir or None,
-                fuse=None if cfg.fuse else False,  # None: fused on CUDA (the Engine's default)
-                late_fuse=cfg.late_fuse,
-                image_encodings={  # a compressed camera is decoded to the policy's default
-                    IMAGE_PREFIX + name: e
-                    for name, enc in cameras.items()
-                    if (e := engine_encoding(enc)) is not None
-                },
-            )
+            built, ahead = None, self.prebuild
+            self.prebuild = None  # the autostart's configure only
+            self.control.new_folder()
+            if ahead is not None:
+                built, waited = ahead.take(cfg)
+                if built is not None:
+                    self.startup["waited for the engine made beside the imports"] = waited
+                else:
+                    self.get_logger().info(
+                        f"configure builds its own engine: the one made ahead {ahead.error}"
+                    )
+            if built is None:
+                built = make_engine(cfg, self.get_fully_qualified_name())
+            policy, mapper, cameras = built.policy, built.mapper, built.cameras
+            state_key, engine, self._dir_lock = built.state_key, built.engine, built.lock
+            self._warn_unlocked()
             # a planner may still hold the ids of this node's earlier engines: none is reissued
             engine.pool.skip_ids_below(self._ids_from)
         except (ValueError, RuntimeError, OSError) as e:
@@ -389,7 +364,7 @@ class FlashrtNode(LifecycleNode):
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
         )
-        self.startup["policy load"] = t0 - t_load
+        self.startup["policy load"] = built.load_s
         self.startup.update({f"engine {k}": v for k, v in engine.build_s.items()})
         self.get_logger().info(
             "start-up: "
@@ -407,16 +382,12 @@ class FlashrtNode(LifecycleNode):
         gc.freeze()
         return super().on_configure(state)
 
-    def _lock_capsule_dir(self, folder: str) -> None:
-        """Hold capsule_dir's lock from configure to cleanup (capsules/folder_lock.py): a second
-        node given the same folder fails its configure, naming this one, instead of reloading
-        and deleting this node's capsules and flight dumps."""
-        self.control.new_folder()
-        if not folder:
-            return
-        lock = lock_folder(folder, self.get_fully_qualified_name())
-        self._dir_lock = lock
-        if not lock.held:
+    def _warn_unlocked(self) -> None:
+        """capsule_dir's lock is held from configure to cleanup (capsules/folder_lock.py): a
+        second node given the same folder fails its configure, naming this one, instead of
+        reloading and deleting this node's capsules and flight dumps. Say when it could not be."""
+        lock = self._dir_lock
+        if lock is not None and not lock.held:
             self.get_logger().warning(
                 f"capsule_dir {lock.folder} is used without its lock ({lock.why_unlocked}): "
                 "nothing keeps a second node off it"
@@ -473,22 +444,6 @@ class FlashrtNode(LifecycleNode):
                 f"precompiled steps in {engine.precompiled.folder}: "
                 + "; ".join(engine.precompiled.events)
             )
-
-    @staticmethod
-    def _check_inputs(policy, cameras: dict[str, str | None]) -> str:
-        """The node serves one vector input (the joint state) and, as images, exactly the
-        `cameras`: BadRequest naming both sets otherwise, so a camera policy never starts blind.
-        Returns the vector's key for dict observations ("" for a vector-only policy)."""
-        specs = list(policy.input_spec())
-        vectors = [i.name for i in specs if i.kind == "vector"]
-        images = [i.name.removeprefix(IMAGE_PREFIX) for i in specs if i.kind == "image"]
-        if len(vectors) != 1:
-            raise BadRequest(
-                f"policy {policy.policy_id} takes vector inputs {vectors}; the node serves one "
-                "(the joint state)"
-            )
-        match_policy(cameras, images)
-        return vectors[0] if images else ""
 
     @_says_why
     def on_activate(self, state) -> TransitionCallbackReturn:

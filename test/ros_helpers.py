@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,6 +167,17 @@ class NodeProcess:
         except OSError:
             return "<no log>"
         return "\n".join(lines[-n_lines:])
+
+    def log_match(self, pattern: str, timeout: float = 30.0) -> re.Match:
+        """The first match of `pattern` in the node's log, waiting for it up to `timeout` s
+        (AssertionError with the log's tail after)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            m = re.search(pattern, self.log_path.read_text(errors="replace"))
+            if m:
+                return m
+            time.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} in the log\n{self.log_tail()}")
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGINT, then SIGKILL after `timeout` s. Returns the exit code.

@@ -8,8 +8,6 @@ No timings are asserted (the machine is noisy): bench/ros_bench.py shows the spe
 from __future__ import annotations
 
 import os
-import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +37,8 @@ def _start(ros, params: dict, **kw):
             os.environ["PYTHONPATH"] = saved
 
 
-def _cache_line(proc, timeout: float = 30.0) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        m = re.search(r"compile cache (\S+)", proc.log_path.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-        time.sleep(0.1)
-    raise AssertionError(f"no start-up line in the log\n{proc.log_tail()}")
+def _cache_line(proc) -> str:
+    return proc.log_match(r"compile cache (\S+)").group(1)
 
 
 def test_engine_compile_cache_keyed_by_fingerprint(tmp_path: Path) -> None:

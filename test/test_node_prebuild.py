@@ -5,8 +5,6 @@ and DDS for the node)."""
 from __future__ import annotations
 
 import os
-import re
-import time
 from pathlib import Path
 
 import pytest
@@ -25,16 +23,6 @@ def _cfg(**values):
     return NODE_PARAMS.config({**{p.name: p.default for p in NODE_PARAMS}, **values})
 
 
-def _start_line(proc, timeout: float = 30.0) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        m = re.search(r"start-up: .*", proc.log_path.read_text(errors="replace"))
-        if m:
-            return m.group(0)
-        time.sleep(0.1)
-    raise AssertionError(f"no start-up line in the log\n{proc.log_tail()}")
-
-
 def test_an_autostarting_node_takes_the_engine_made_beside_its_start(ros, tmp_path) -> None:
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
@@ -44,7 +32,7 @@ def test_an_autostarting_node_takes_the_engine_made_beside_its_start(ros, tmp_pa
         )
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
-    line = _start_line(proc)
+    line = proc.log_match(r"start-up: .*").group(0)
     assert "waited for the engine made beside the imports" in line, line
     assert "engine compile_capture" in line and "policy load" in line, line
     # the engine serves: its capsule_dir is locked for this node, and a checkpoint works

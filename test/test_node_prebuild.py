@@ -14,7 +14,7 @@ from flashrt_ros.errors import BadRequest
 from flashrt_ros.node.params import NODE_PARAMS
 from flashrt_ros.node.prebuild import Prebuild
 from test.node_client import NodeClient
-from test.ros_helpers import REPO_ROOT
+from test.ros_helpers import REPO_ROOT, preserved_environ
 
 TINY = "test.tiny_policy:tiny"
 
@@ -24,14 +24,12 @@ def _cfg(**values):
 
 
 def test_an_autostarting_node_takes_the_engine_made_beside_its_start(ros, tmp_path) -> None:
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
-    try:
+    with preserved_environ("PYTHONPATH"):  # the tiny policy is importable from the repo
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
         proc = ros.start_node(
             {"device": "cpu", "policy": TINY, "capsule_dir": str(tmp_path / "caps")}
         )
-    finally:
-        os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
     line = proc.log_match(r"start-up: .*").group(0)
     assert "waited for the engine made beside the imports" in line, line
     assert "engine compile_capture" in line and "policy load" in line, line
@@ -40,6 +38,15 @@ def test_an_autostarting_node_takes_the_engine_made_beside_its_start(ros, tmp_pa
         lock_folder(tmp_path / "caps", "a second node")
     c = NodeClient(ros, proc)
     assert c.call("checkpoint").success
+
+
+def test_flashrt_prebuild_0_builds_the_engine_in_configure(ros) -> None:
+    """FLASHRT_PREBUILD=0: no engine made ahead (for measuring what it saves)."""
+    with preserved_environ("FLASHRT_PREBUILD"):
+        os.environ["FLASHRT_PREBUILD"] = "0"
+        proc = ros.start_node({"device": "cpu", "policy": "builtin:hybrid"})
+    line = proc.log_match(r"start-up: .*").group(0)
+    assert "engine compile_capture" in line and "made beside the imports" not in line, line
 
 
 def test_a_prebuilt_engine_for_other_parameters_is_given_back(tmp_path: Path) -> None:

@@ -181,7 +181,9 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             # the core's `logging` records, to the node's log (the engine made ahead logs too)
             unforward = forward_core_logs(get_logger(log_name))
             with interrupts.deferred():  # a signal in torch's import ends the start after it
-                if cfg.autostart:  # its engine, made beside the rest (node/prebuild.py)
+                # its engine, made beside the rest (node/prebuild.py; FLASHRT_PREBUILD=0: not,
+                # to measure what it saves)
+                if cfg.autostart and os.environ.get("FLASHRT_PREBUILD", "1") != "0":
                     from flashrt_ros.node.prebuild import Prebuild  # torch, the core
 
                     prebuild = Prebuild(cfg, name)

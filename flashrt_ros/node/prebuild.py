@@ -144,7 +144,7 @@ class Prebuild:
             self.error, built = "was made for other parameters", None
         return built, waited
 
-    def discard(self, timeout: float = 5.0) -> None:
+    def discard(self, timeout: float = 1.0) -> None:
         """The node stops before a configure took the engine: let go of it (a build still
         running after `timeout` is left to the process's exit)."""
         self._thread.join(timeout)

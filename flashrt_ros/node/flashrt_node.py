@@ -73,6 +73,11 @@ from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.runtime.engine import Engine
 
+# The start-up log's entries for the engine's making, and the wait for the one made ahead
+# (node/prebuild.py) when configure took it: its phases then ran beside the imports.
+AHEAD = "waited for the engine made beside the imports"
+ENGINE_PHASES = ("policy load", "engine ", AHEAD)
+
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
 # the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
 TICK_PARTS = ("inputs", "lock", "step", "offset", "publish")
@@ -233,12 +238,15 @@ class FlashrtNode(LifecycleNode):
             cfg = params.read(self)
             t0 = time.monotonic()
             built, ahead = None, self.prebuild
-            self.prebuild = None  # the autostart's configure only
             self.control.new_folder()
+            for k in [k for k in self.startup if k.startswith(ENGINE_PHASES)]:
+                del self.startup[k]  # a configure before this one's
             if ahead is not None:
                 built, waited = ahead.take(cfg)
+                self.prebuild = None  # the autostart's configure only (after the wait: a
+                # Ctrl-C in it leaves the build for main.py to discard)
                 if built is not None:
-                    self.startup["waited for the engine made beside the imports"] = waited
+                    self.startup[AHEAD] = waited
                 else:
                     self.get_logger().info(
                         f"configure builds its own engine: the one made ahead {ahead.error}"
@@ -364,8 +372,9 @@ class FlashrtNode(LifecycleNode):
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
         )
-        self.startup["policy load"] = built.load_s
-        self.startup.update({f"engine {k}": v for k, v in engine.build_s.items()})
+        where = " (beside the imports)" if AHEAD in self.startup else ""
+        self.startup[f"policy load{where}"] = built.load_s
+        self.startup.update({f"engine {k}{where}": v for k, v in engine.build_s.items()})
         self.get_logger().info(
             "start-up: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())

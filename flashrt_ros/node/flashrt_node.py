@@ -51,7 +51,7 @@ from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.goal_echo import GoalEcho
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.logs import Throttle
+from flashrt_ros.node.logs import Throttle, replay
 from flashrt_ros.node.loop import (
     SPIN_S,
     ThreadUsage,
@@ -245,6 +245,7 @@ class FlashrtNode(LifecycleNode):
                 built, waited = ahead.take(cfg)
                 self.prebuild = None  # the autostart's configure only (after the wait: a
                 # Ctrl-C in it leaves the build for main.py to discard)
+                replay(ahead.records(), self.get_logger())  # what the core said meanwhile
                 if built is not None:
                     self.startup[AHEAD] = waited
                 else:

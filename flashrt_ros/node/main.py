@@ -50,9 +50,9 @@ def usage() -> str:
 
 
 def _check_parameters(argv: Sequence[str]):
-    """(the node's config, its fully qualified name, its logger's name), or ParamError for bad
-    parameters, found on a throwaway node of the same name (so the same remaps and params-file
-    sections apply) before torch is imported."""
+    """(the node's config, its fully qualified name), or ParamError for bad parameters, found
+    on a throwaway node of the same name (so the same remaps and params-file sections apply)
+    before torch is imported."""
     import rclpy
 
     from flashrt_ros.node.params import NODE_PARAMS, ParamError
@@ -63,7 +63,7 @@ def _check_parameters(argv: Sequence[str]):
         raise ParamError([f"the node cannot be made: {e}"]) from None
     try:
         cfg = NODE_PARAMS.check(probe, argv)
-        return cfg, probe.get_fully_qualified_name(), probe.get_logger().name
+        return cfg, probe.get_fully_qualified_name()
     except ParamError as e:  # logged under the node's own name: which of two arms failed
         e.logger = probe.get_logger().name
         raise
@@ -174,12 +174,10 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
     try:
         try:
             # before the slow imports: a bad parameter fails at once
-            cfg, name, log_name = _check_parameters(argv)
+            cfg, name = _check_parameters(argv)
             t_imports = time.monotonic()
             # the device's context is made beside the imports (cuda/prewarm.py says why)
             warmer = warm_context(cfg.device)
-            # the core's `logging` records, to the node's log (the engine made ahead logs too)
-            unforward = forward_core_logs(get_logger(log_name))
             with interrupts.deferred():  # a signal in torch's import ends the start after it
                 # its engine, made beside the rest (node/prebuild.py; FLASHRT_PREBUILD=0: not,
                 # to measure what it saves)
@@ -191,6 +189,7 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
 
             node = FlashrtNode()
             node.prebuild, prebuild = prebuild, None
+            unforward = forward_core_logs(node.get_logger())  # the core's `logging` records
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
             node.startup["imports"] = time.monotonic() - t_imports

@@ -11,12 +11,14 @@ thread imports the node's modules and makes the node; the autostart's configure 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
 from flashrt_ros.capsules.folder_lock import FolderLock, lock_folder
 from flashrt_ros.errors import BadRequest
+from flashrt_ros.node.logs import PREBUILD_THREAD, hold_core_logs
 from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper, fields_hint
 from flashrt_ros.policies.base import IMAGE_PREFIX
@@ -121,7 +123,10 @@ class Prebuild:
         self.built: Built | None = None
         self.error = ""  # why there is none, to follow "the engine made ahead ..."
         self.seconds = 0.0  # how long the build took
-        self._thread = threading.Thread(target=self._run, name="flashrt-prebuild", daemon=True)
+        # what the core logs meanwhile (the store's reload, a precompiled step's load), for
+        # configure to replay through the node's logger: no node exists yet to put it on /rosout
+        self._held, self._unhold = hold_core_logs(PREBUILD_THREAD)
+        self._thread = threading.Thread(target=self._run, name=PREBUILD_THREAD, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -130,7 +135,13 @@ class Prebuild:
             self.built = make_engine(self.cfg, self.owner)
         except BaseException as e:  # noqa: BLE001 - configure builds again and says why
             self.error = f"failed ({type(e).__name__}: {e})"
+        finally:
+            self._unhold()
         self.seconds = time.monotonic() - t0
+
+    def records(self) -> list[logging.LogRecord]:
+        """What the core logged during the build, once it ended."""
+        return self._held.records
 
     def take(self, cfg) -> tuple[Built | None, float]:
         """(the engine for `cfg`, seconds waited for the build), once; (None, waited) when it

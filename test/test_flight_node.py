@@ -566,17 +566,19 @@ def test_a_signal_during_a_stuck_step_still_ends_the_node(ros, tmp_path):
 
 @pytest.mark.exclusive
 def test_a_fault_dump_is_not_counted_as_the_loop_overrunning(ros, tmp_path):
-    """The fault's ring is copied in the faulted tick (49-57 ms for 1000 ticks of 69 KB here, ad
-    hoc): the periods it takes were counted as overruns of the loop (diff review: 0 -> 10),
-    though the session is poisoned and nothing was due. The log says how long the copy took."""
+    """The fault's ring is copied in the faulted tick (49-57 ms for 1000 ticks of 69 KB here
+    once, ad hoc; 5 ms on 2026-12-06): the periods it takes were counted as overruns of the loop
+    (diff review: 0 -> 10), though the session is poisoned and nothing was due. The log says how
+    long the copy took. 2000 ticks at 250 Hz: a copy spans periods (the test fails without the
+    guard, checked 2026-12-06)."""
     with importable_tests():
         proc = ros.start_node(
             {
                 "trigger": "timer",
-                "rate_hz": 100.0,
+                "rate_hz": 250.0,
                 "device": "cpu",
                 "policy": "test.nan_policy:nan_above",
-                "flight_ticks": 1000,
+                "flight_ticks": 2000,
                 "capsule_dir": str(tmp_path / "capsules"),
             },
         )
@@ -584,12 +586,14 @@ def test_a_fault_dump_is_not_counted_as_the_loop_overrunning(ros, tmp_path):
     for o in OBS[:4]:
         node.publish(o)
         ros.spin_for(0.05)
-    before = int(node.latest_diag()["overruns"])
+    before = int(node.latest_diag()["overruns_long_tick"])
     node.publish(np.full(12, 600.0))
     d = node.wait_diag(lambda d: d.get("poisoned_session") == "main", 10)
     ros.spin_for(1.5)
     d = node.latest_diag()
-    assert int(d["overruns"]) == before, d["last_overrun"]
+    # the copy made a long tick; late wake-ups (a loaded machine: "woke 16538 us late" in a
+    # fresh-clone run) are counted apart, in overruns_late_wake
+    assert int(d["overruns_long_tick"]) == before, d["last_overrun"]
     assert "the fault's ring copied in" in proc.log_tail(200), proc.log_tail()
 
 

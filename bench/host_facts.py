@@ -109,11 +109,10 @@ def steal(seconds: float) -> dict:
     time.sleep(seconds)
     b = stat_total()
     d = [y - x for x, y in zip(a, b, strict=False)]
-    total = sum(d) or 1
     return {
         "seconds": seconds,
-        "steal_pct": round(100 * (d[7] if len(d) > 7 else 0) / total, 2),
-        "idle_pct": round(100 * d[3] / total, 1),
+        "steal_pct": steal_between(a, b) or 0.0,
+        "idle_pct": round(100 * d[3] / (sum(d) or 1), 1),
     }
 
 

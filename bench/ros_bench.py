@@ -1390,20 +1390,24 @@ def _diff(ours, floor):
     return round(ours - floor, 1) if ours is not None and floor is not None else None
 
 
+def _rounds(starts: dict) -> dict[str, list]:
+    """Each start's first-command times, round by round (`label`, `label#2`, ...)."""
+    by: dict[str, list] = {}
+    for k, r in starts.items():
+        by.setdefault(k.split("#")[0], []).append(dig(r, "first_command_s"))
+    return by
+
+
 def start_s(starts: dict, label: str) -> float | None:
-    """A start's first-command time: the median over its rounds (`label`, `label#2`, ...), so
-    one slow import (0.4 s apart between runs on one machine, 2026-12-06) does not decide it."""
-    got = [dig(starts[k], "first_command_s") for k in starts if k.split("#")[0] == label]
-    got = sorted(v for v in got if v is not None)
+    """A start's first-command time: the median over its rounds, so one slow import (0.4 s
+    apart between runs on one machine, 2026-12-06) does not decide it."""
+    got = [v for v in _rounds(starts).get(label, []) if v is not None]
     return round(statistics.median(got), 3) if got else None
 
 
 def start_rounds(starts: dict) -> dict | None:
     """Every round's first-command time per start, where a start ran more than once."""
-    by: dict[str, list] = {}
-    for k, r in starts.items():
-        by.setdefault(k.split("#")[0], []).append(dig(r, "first_command_s"))
-    return {k: v for k, v in by.items() if len(v) > 1} or None
+    return {k: v for k, v in _rounds(starts).items() if len(v) > 1} or None
 
 
 def versus(ours, floor) -> dict:

@@ -122,7 +122,6 @@ class Prebuild:
         self.cfg, self.owner = cfg, owner
         self.built: Built | None = None
         self.error = ""  # why there is none, to follow "the engine made ahead ..."
-        self.seconds = 0.0  # how long the build took
         # what the core logs meanwhile (the store's reload, a precompiled step's load), for
         # configure to replay through the node's logger: no node exists yet to put it on /rosout
         self._held, self._unhold = hold_core_logs(PREBUILD_THREAD)
@@ -130,14 +129,12 @@ class Prebuild:
         self._thread.start()
 
     def _run(self) -> None:
-        t0 = time.monotonic()
         try:
             self.built = make_engine(self.cfg, self.owner)
         except BaseException as e:  # noqa: BLE001 - configure builds again and says why
             self.error = f"failed ({type(e).__name__}: {e})"
         finally:
             self._unhold()
-        self.seconds = time.monotonic() - t0
 
     def records(self) -> list[logging.LogRecord]:
         """What the core logged during the build, once it ended."""

@@ -1136,8 +1136,7 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
     run: warm). Label "unfused": the node with fuse=false (nothing compiled). Label "late": the
     node with late_fuse=true (eager until the fused step, built in the background, is swapped
     in; then also how the commands came while it was built: late_fuse_window). Label "floor":
-    the start floor (ros_floors.py start) instead of the node. Label "late_serial": the late
-    start with FLASHRT_PREBUILD=0 (its first command only)."""
+    the start floor (ros_floors.py start) instead of the node."""
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import Float64MultiArray
@@ -1190,12 +1189,10 @@ def run_startup(ros, args, cache_dir: Path, label: str, log_dir: Path, rate: flo
                     rate_hz=rate,
                     compile_cache_dir=str(cache_dir),
                     **({"fuse": False} if label == "unfused" else {}),
-                    **({"late_fuse": True} if label in ("late", "late_serial") else {}),
+                    **({"late_fuse": True} if label == "late" else {}),
                 ),
                 log_dir=log_dir,
-                # late_serial: the late start with its engine made in configure, after the
-                # imports (FLASHRT_PREBUILD=0), for what node/prebuild.py saves
-                env={**env, "FLASHRT_PREBUILD": "0"} if label == "late_serial" else env,
+                env=env,
             )
             ros.processes.append(proc)
         end = t0 + args.startup_timeout
@@ -1469,7 +1466,6 @@ def headline(
         "floor_start_s": start_s(starts, "floor"),
         "unfused_start_s": start_s(starts, "unfused"),
         "late_fuse_start_s": start_s(starts, "late"),
-        "late_fuse_start_s_no_prebuild": start_s(starts, "late_serial"),
         "start_rounds_s": start_rounds(starts),
         "late_fuse_swap_s": dig(starts.get("late"), "late_fuse_window", "swap_s_after_spawn"),
         "late_fuse_build_jitter_p99_us": dig(
@@ -1697,12 +1693,6 @@ def main() -> int:
         "start_rounds_s lists them all). Default 3 with --goals, else 1",
     )
     ap.add_argument(
-        "--ab-prebuild",
-        action="store_true",
-        help="each start round also starts the late node with FLASHRT_PREBUILD=0 (its engine "
-        "made in configure, not beside the imports): late_fuse_start_s_no_prebuild, the median",
-    )
-    ap.add_argument(
         "--only",
         choices=("camera", "timer", "services", "start", "observation"),
         default=None,
@@ -1862,9 +1852,7 @@ def main() -> int:
             # unfused: the node with fuse=false (the plain step captured, nothing compiled),
             # after the warm start has filled the bytecode cache. Later rounds repeat all but
             # the cold start, as "warm#2" and so on.
-            one = ["warm", "late", "unfused", "floor"] + (
-                ["late_serial"] if args.ab_prebuild else []
-            )
+            one = ["warm", "late", "unfused", "floor"]
             order = ["cold"] + one * args.start_rounds
             for i, label in enumerate(order):
                 key = label if i <= len(one) else f"{label}#{(i - 1) // len(one) + 1}"

@@ -223,16 +223,12 @@ def test_a_start_run_over_rounds_is_judged_on_its_median() -> None:
         "floor": {"first_command_s": 1.70},
         "floor#2": {"first_command_s": 1.76},
         "floor#3": None,  # a start that failed: no figure, and not a zero
-        "late_serial": {"first_command_s": 2.30},  # --ab-prebuild: FLASHRT_PREBUILD=0
-        "late_serial#2": {"first_command_s": 2.10},
     }
     h = headline([], [], None, None, {}, starts)
     assert h["late_fuse_start_s"] == 2.04 and h["cold_start_s"] == 20.0
     assert h["floor_start_s"] == 1.73 and h["unfused_start_s"] is None
-    assert h["late_fuse_start_s_no_prebuild"] == 2.2  # its own label, not late's rounds
     assert h["start_rounds_s"] == {
         "late": [2.45, 1.96, 2.04],
         "floor": [1.70, 1.76, None],
-        "late_serial": [2.30, 2.10],
     }
     assert "start_rounds_s" not in headline([], [], None, None, {}, None)  # no starts given

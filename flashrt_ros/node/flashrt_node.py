@@ -47,11 +47,12 @@ from flashrt_ros.capsules.folder_lock import FolderLock
 from flashrt_ros.node import params
 from flashrt_ros.node.convert import command_msg, trajectory_msg
 from flashrt_ros.node.diagnostics import Diagnostics
+from flashrt_ros.node.engine_build import make_engine
 from flashrt_ros.node.flight_services import FlightServices
 from flashrt_ros.node.goal_echo import GoalEcho
 from flashrt_ros.node.host import ServiceHost
 from flashrt_ros.node.inputs import InputLoop
-from flashrt_ros.node.logs import Throttle, replay
+from flashrt_ros.node.logs import Throttle
 from flashrt_ros.node.loop import (
     SPIN_S,
     ThreadUsage,
@@ -61,7 +62,6 @@ from flashrt_ros.node.loop import (
     throttle_note,
 )
 from flashrt_ros.node.polled import PolledGroup, take
-from flashrt_ros.node.prebuild import make_engine
 from flashrt_ros.node.qos_check import (
     QOS_OVERRIDES,
     input_qos,
@@ -73,10 +73,8 @@ from flashrt_ros.node.stats import LoopStats
 from flashrt_ros.obs.joints import JointMapper
 from flashrt_ros.runtime.engine import Engine
 
-# The start-up log's entries for the engine's making, and the wait for the one made ahead
-# (node/prebuild.py) when configure took it: its phases then ran beside the imports.
-AHEAD = "waited for the engine made beside the imports"
-ENGINE_PHASES = ("policy load", "engine ", AHEAD)
+# The start-up log's entries for the engine's making (a later configure's replace them)
+ENGINE_PHASES = ("policy load", "engine ")
 
 # The parts of a timer tick, between its marks (FlashrtNode._step): taking the inputs, waiting for
 # the engine lock, the step, the wait for publish_offset_s, publishing (`last_overrun` gives them).
@@ -166,7 +164,6 @@ class FlashrtNode(LifecycleNode):
         self._fuse_unlogged = False  # late fusing's end is not logged yet
         self.process_t0: float | None = None  # monotonic time the process started (main.py)
         self.context_warmer = None  # main.py's cuda/prewarm.ContextWarmer, if it made one
-        self.prebuild = None  # main.py's node/prebuild.Prebuild: the autostart's engine, made ahead
         self._stopped_active = False  # a signal stopped the node while active (hold_for_exit)
         self._twins_said = 1  # nodes of this name last seen on the graph (_same_name_nodes)
         self._uncounted = False  # the tick just run copied a fault's flight ring (_on_timing)
@@ -237,23 +234,10 @@ class FlashrtNode(LifecycleNode):
         try:
             cfg = params.read(self)
             t0 = time.monotonic()
-            built, ahead = None, self.prebuild
             self.control.new_folder()
             for k in [k for k in self.startup if k.startswith(ENGINE_PHASES)]:
                 del self.startup[k]  # a configure before this one's
-            if ahead is not None:
-                built, waited = ahead.take(cfg)
-                self.prebuild = None  # the autostart's configure only (after the wait: a
-                # Ctrl-C in it leaves the build for main.py to discard)
-                replay(ahead.records(), self.get_logger())  # what the core said meanwhile
-                if built is not None:
-                    self.startup[AHEAD] = waited
-                else:
-                    self.get_logger().info(
-                        f"configure builds its own engine: the one made ahead {ahead.error}"
-                    )
-            if built is None:
-                built = make_engine(cfg, self.get_fully_qualified_name())
+            built = make_engine(cfg, self.get_fully_qualified_name())
             policy, mapper, cameras = built.policy, built.mapper, built.cameras
             state_key, engine, self._dir_lock = built.state_key, built.engine, built.lock
             self._warn_unlocked()
@@ -373,9 +357,8 @@ class FlashrtNode(LifecycleNode):
             f"cameras: {', '.join(cfg.cameras) or 'none'}, "
             f"{time.monotonic() - t0:.2f} s"
         )
-        where = " (beside the imports)" if AHEAD in self.startup else ""
-        self.startup[f"policy load{where}"] = built.load_s
-        self.startup.update({f"engine {k}{where}": v for k, v in engine.build_s.items()})
+        self.startup["policy load"] = built.load_s
+        self.startup.update({f"engine {k}": v for k, v in engine.build_s.items()})
         self.get_logger().info(
             "start-up: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.startup.items())

@@ -129,48 +129,11 @@ class RosLogHandler(logging.Handler):
             self.handleError(record)
 
 
-# The thread that makes an autostarting node's engine before the node exists (prebuild.py): its
-# records are held (HeldRecords) and replayed by configure, once the node's logger can put them
-# on /rosout, and not forwarded as they come.
-PREBUILD_THREAD = "flashrt-prebuild"
-
-
-class HeldRecords(logging.Handler):
-    """The records of one thread, kept in order for `replay`."""
-
-    def __init__(self, thread_name: str) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-        self.addFilter(lambda r: r.threadName == thread_name)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-def hold_core_logs(thread_name: str) -> tuple[HeldRecords, Callable[[], None]]:
-    """Hold the core's records from INFO up logged by `thread_name`; returns the holder and
-    what stops the holding."""
-    held = HeldRecords(thread_name)
-    root, core = logging.getLogger(), logging.getLogger(CORE_LOGGER)
-    if core.getEffectiveLevel() > logging.INFO:
-        core.setLevel(logging.INFO)
-    root.addHandler(held)
-    return held, lambda: root.removeHandler(held)
-
-
-def replay(records: list[logging.LogRecord], logger) -> None:
-    """Held records, written now as lines of `logger` (the node's)."""
-    handler = RosLogHandler(logger)
-    for r in records:
-        handler.emit(r)
-
-
 def forward_core_logs(logger) -> Callable[[], None]:
     """Send the core's log records from INFO up, and any other library's from WARNING up (the
     root logger's level), to `logger` (the node's); returns what undoes it, for the exit,
-    before rclpy shuts down. The made-ahead engine's thread is left to its HeldRecords."""
+    before rclpy shuts down."""
     handler = RosLogHandler(logger)
-    handler.addFilter(lambda r: r.threadName != PREBUILD_THREAD)
     root, core = logging.getLogger(), logging.getLogger(CORE_LOGGER)
     level = core.level
     core.setLevel(logging.INFO)

@@ -50,9 +50,8 @@ def usage() -> str:
 
 
 def _check_parameters(argv: Sequence[str]):
-    """(the node's config, its fully qualified name), or ParamError for bad parameters, found
-    on a throwaway node of the same name (so the same remaps and params-file sections apply)
-    before torch is imported."""
+    """The node's config, or ParamError for bad parameters, found on a throwaway node of the
+    same name (so the same remaps and params-file sections apply) before torch is imported."""
     import rclpy
 
     from flashrt_ros.node.params import NODE_PARAMS, ParamError
@@ -63,12 +62,12 @@ def _check_parameters(argv: Sequence[str]):
         raise ParamError([f"the node cannot be made: {e}"]) from None
     try:
         cfg = NODE_PARAMS.check(probe, argv)
-        return cfg, probe.get_fully_qualified_name()
     except ParamError as e:  # logged under the node's own name: which of two arms failed
         e.logger = probe.get_logger().name
         raise
     finally:
         probe.destroy_node()
+    return cfg
 
 
 def process_age_s() -> float:
@@ -168,27 +167,19 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
         hint = "; set ROS_LOG_DIR to a folder this user can write" if log_dir else ""
         print(f"flashrt_node: error: {e}{hint}", file=sys.stderr)
         return 2
-    node = executor = services = wake = prebuild = None
+    node = executor = services = wake = None
     serving = False
     unforward = None
     try:
         try:
-            # before the slow imports: a bad parameter fails at once
-            cfg, name = _check_parameters(argv)
+            cfg = _check_parameters(argv)  # before the slow imports: a bad one fails at once
             t_imports = time.monotonic()
             # the device's context is made beside the imports (cuda/prewarm.py says why)
             warmer = warm_context(cfg.device)
             with interrupts.deferred():  # a signal in torch's import ends the start after it
-                # its engine, made beside the rest (node/prebuild.py; FLASHRT_PREBUILD=0: not,
-                # to measure what it saves)
-                if cfg.autostart and os.environ.get("FLASHRT_PREBUILD", "1") != "0":
-                    from flashrt_ros.node.prebuild import Prebuild  # torch, the core
-
-                    prebuild = Prebuild(cfg, name)
-                from flashrt_ros.node.flashrt_node import FlashrtNode
+                from flashrt_ros.node.flashrt_node import FlashrtNode  # torch, the core
 
             node = FlashrtNode()
-            node.prebuild, prebuild = prebuild, None
             unforward = forward_core_logs(node.get_logger())  # the core's `logging` records
             node.process_t0 = t_start
             node.startup["process + rclpy"] = t_imports - t_start
@@ -239,9 +230,6 @@ def _main(args: Sequence[str] | None, interrupts) -> int:
             stopped_early()
     finally:
         interrupts.stopping = True  # from here on a Ctrl-C changes nothing
-        ahead = prebuild or (node.prebuild if node is not None else None)
-        if ahead is not None:  # stopped before the autostart's configure took its engine
-            ahead.discard()
         if wake is not None:
             wake.close()
         if node is not None:

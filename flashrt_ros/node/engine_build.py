@@ -1,24 +1,15 @@
-"""The node's engine, made from its checked parameters: by configure, or ahead of it.
-
-Building the engine is mostly the device loading each kernel of the step on its first launch
-(the unfused start's ~0.3-0.45 s beyond a bare rclpy + torch process on the H100/H200
-machines), and torch releases the GIL while it launches. An autostarting node knows its
-parameters before it imports its own modules (main.py checks them on a throwaway node), so
-`Prebuild` makes the engine in a thread from the moment torch is imported, while the main
-thread imports the node's modules and makes the node; the autostart's configure then takes it
-(`take`) when its parameters are still the same, and builds its own otherwise.
+"""The node's engine, made by configure from its checked parameters: the policy, checked
+against joint_names, state_fields and cameras, capsule_dir's lock, and the Engine over them.
+Kept apart from flashrt_node.py so that the lifecycle reads as the transitions it makes.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass
 
 from flashrt_ros.capsules.folder_lock import FolderLock, lock_folder
 from flashrt_ros.errors import BadRequest
-from flashrt_ros.node.logs import PREBUILD_THREAD, hold_core_logs
 from flashrt_ros.obs.images import engine_encoding, match_policy, parse_cameras
 from flashrt_ros.obs.joints import JointMapper, fields_hint
 from flashrt_ros.policies.base import IMAGE_PREFIX
@@ -30,7 +21,6 @@ from flashrt_ros.runtime.engine import Engine
 class Built:
     """An engine and what configure made on the way to it."""
 
-    cfg: object  # the checked parameters it was made from (params.NodeConfig)
     policy: object
     mapper: JointMapper
     cameras: dict[str, str | None]
@@ -38,13 +28,6 @@ class Built:
     lock: FolderLock | None  # capsule_dir's, held from here to the node's cleanup
     engine: Engine
     load_s: float  # loading the policy and checking it against the parameters
-
-    def release(self) -> None:
-        """Give back what no configure took: capsule_dir's lock (the engine goes with the last
-        reference to it; it never stepped, so no build of a fused step is running)."""
-        self.engine = None
-        if self.lock is not None:
-            self.lock.release()
 
 
 def check_inputs(policy, cameras: dict[str, str | None]) -> str:
@@ -112,50 +95,4 @@ def make_engine(cfg, owner: str) -> Built:
         if lock is not None:
             lock.release()
         raise
-    return Built(cfg, policy, mapper, cameras, state_key, lock, engine, load_s)
-
-
-class Prebuild:
-    """`make_engine(cfg, owner)` in a thread of its own, started at once."""
-
-    def __init__(self, cfg, owner: str) -> None:
-        self.cfg, self.owner = cfg, owner
-        self.built: Built | None = None
-        self.error = ""  # why there is none, to follow "the engine made ahead ..."
-        # what the core logs meanwhile (the store's reload, a precompiled step's load), for
-        # configure to replay through the node's logger: no node exists yet to put it on /rosout
-        self._held, self._unhold = hold_core_logs(PREBUILD_THREAD)
-        self._thread = threading.Thread(target=self._run, name=PREBUILD_THREAD, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.built = make_engine(self.cfg, self.owner)
-        except BaseException as e:  # noqa: BLE001 - configure builds again and says why
-            self.error = f"failed ({type(e).__name__}: {e})"
-        finally:
-            self._unhold()
-
-    def records(self) -> list[logging.LogRecord]:
-        """What the core logged during the build, once it ended."""
-        return self._held.records
-
-    def take(self, cfg) -> tuple[Built | None, float]:
-        """(the engine for `cfg`, seconds waited for the build), once; (None, waited) when it
-        failed or was made for other parameters (then released: configure builds anew)."""
-        t0 = time.monotonic()
-        self._thread.join()
-        waited = time.monotonic() - t0
-        built, self.built = self.built, None
-        if built is not None and built.cfg != cfg:
-            built.release()
-            self.error, built = "was made for other parameters", None
-        return built, waited
-
-    def discard(self, timeout: float = 1.0) -> None:
-        """The node stops before a configure took the engine: let go of it (a build still
-        running after `timeout` is left to the process's exit)."""
-        self._thread.join(timeout)
-        built, self.built = self.built, None
-        if built is not None:
-            built.release()
+    return Built(policy, mapper, cameras, state_key, lock, engine, load_s)

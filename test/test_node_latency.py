@@ -8,6 +8,7 @@ No timings are asserted (the machine is noisy): bench/ros_bench.py shows the spe
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,10 @@ def test_node_compile_cache_folder_per_policy(ros, tmp_path: Path) -> None:
     for policy in (TINY, "test.tiny_policy:tiny_other", TINY):
         proc = _start(ros, {"device": "cpu", "policy": policy, "compile_cache_dir": str(cache)})
         seen.append(_cache_line(proc))
+        # the same line tells an operator where the start went, each part once
+        line = proc.log_match(r"start-up: .*").group(0)
+        for part in ("process + rclpy", "imports", "policy load", "engine compile_capture"):
+            assert len(re.findall(rf"{re.escape(part)} \d", line)) == 1, line
         proc.stop()
     assert seen[0] == seen[2] != seen[1]
     assert {Path(s).parent for s in seen} == {cache}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import os
 import signal
@@ -46,30 +47,49 @@ def _as_node() -> None:
     def wrap(owner, name: str, label: str) -> None:
         f = getattr(owner, name)
 
+        def record(t0: float) -> None:
+            times.setdefault(label, []).append((time.perf_counter() - t0) * 1e6)
+
+        if inspect.iscoroutinefunction(f):  # an `async def` handler: timed to its return
+
+            @functools.wraps(f)
+            async def timed_async(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return await f(*a, **k)
+                finally:
+                    record(t0)
+
+            setattr(owner, name, timed_async)
+            return
+
         @functools.wraps(f)
         def timed(*a, **k):
             t0 = time.perf_counter()
             try:
                 return f(*a, **k)
             finally:
-                times.setdefault(label, []).append((time.perf_counter() - t0) * 1e6)
+                record(t0)
 
         setattr(owner, name, timed)
 
     from flashrt_ros.capsules.pool import CapsulePool
+    from flashrt_ros.cuda import graphs
     from flashrt_ros.node import convert, host, services
     from flashrt_ros.runtime.engine import Engine
     from flashrt_ros.runtime.probe import CheckpointProbe
 
-    for n in ("checkpoint", "restore", "capsules", "_probe_finite", "_wait", "_to_freeze"):
+    names = ("checkpoint", "restore", "capsules", "_probe_finite", "_wait", "_to_freeze")
+    for n in (*names, "_check_new_name"):
         wrap(Engine, n, f"engine.{n}")
     for n in ("issue", "result"):
         wrap(CheckpointProbe, n, f"probe.{n}")
-    for n in ("adopt", "info", "free_slot"):
+    wrap(graphs, "launch", "graphs.launch")  # the probe's graph (the kernels' checkpoint pass)
+    for n in ("adopt", "info", "free_slot", "digest_row", "_record", "new_id"):
         wrap(CapsulePool, n, f"pool.{n}")
-    for n in ("restore", "list_capsules"):
+    for n in ("checkpoint", "restore", "list_capsules"):
         wrap(services.CapsuleServices, n, f"handler.{n}")
-    for n in ("user_session", "configured"):
+    for n in ("user_session", "configured", "timed"):
         wrap(services.Control, n, f"control.{n}")
     wrap(services, "capsule_msg", "convert.capsule_msg")
     wrap(convert, "capsule_msg", "convert.capsule_msg")

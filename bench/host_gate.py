@@ -6,7 +6,7 @@ run there measures the host, and costs the ~6 minutes of device time a run on a 
 This probe times a fixed Python loop on every CPU in turn (pinned; the vCPUs of one machine can
 differ 2x, so one CPU's time is luck) and 2000 one-millisecond sleeps, and reads the steal:
 
-    python3 bench/host_gate.py [--max-loop-s 0.85] [--max-sleep-p99-us 125] [--out FILE]
+    python3 bench/host_gate.py [--max-loop-s 0.85] [--max-sleep-p99-us 110] [--out FILE]
 
 `loop_s` is the median over the CPUs of each one's best time, in seconds per 10M iterations.
 With --max-loop-s it exits 3 when that is slower, so a call can stop before its run

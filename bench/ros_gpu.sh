@@ -11,7 +11,7 @@
 #     and the bare-rclpy floors (bench/ros_floors.py); about 4-5 minutes on the H200.
 # Env: PYTHON (python3), WHEELS (.whl312), DEVICE (cuda), GATE_LOOP_S (unset: no gate; e.g.
 # 0.85: exit 3 before the setup when bench/host_gate.py's loop is slower, a host too slow to
-# judge the node on), GATE_SLEEP_P99_US (the same for its 1 ms sleeps' p99 lateness, e.g. 125).
+# judge the node on), GATE_SLEEP_P99_US (the same for its 1 ms sleeps' p99 lateness, e.g. 110).
 # DDS stays on loopback (env.sh).
 set -eo pipefail
 
@@ -32,7 +32,7 @@ die() { printf '[ros_gpu] FAILED: %s\n' "$*" >&2; exit 1; }
 
 # ---- 0. what the machine has
 command -v "$PY" >/dev/null || die "no $PY"
-# with GATE_LOOP_S, a slow host stops the call here, before the setup (exit 3; bench/host_gate.py)
+# with GATE_LOOP_S or GATE_SLEEP_P99_US, a slow host stops the call here, before the setup (exit 3; bench/host_gate.py)
 if [ -n "${GATE_LOOP_S:-}${GATE_SLEEP_P99_US:-}" ]; then
   grc=0; rm -f "$OUT/host_gate.json"
   "$PY" bench/host_gate.py --max-loop-s "${GATE_LOOP_S:-0}" --max-sleep-p99-us "${GATE_SLEEP_P99_US:-0}" \

@@ -19,7 +19,6 @@ import functools
 import inspect
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -41,7 +40,8 @@ def _pcts(v: list[float]) -> dict:
 
 
 def _as_node() -> None:
-    """The node, with its parts timed; the times go to $FLASHRT_SERVICE_PROFILE_OUT on SIGUSR1."""
+    """The node, with its parts timed; the times go to $FLASHRT_SERVICE_PROFILE_OUT once a file
+    of that name with the suffix .want appears (the driver makes it after its calls)."""
     times: dict[str, list[float]] = {}
 
     def wrap(owner, name: str, label: str) -> None:
@@ -127,11 +127,19 @@ def _as_node() -> None:
 
     waitloop.WaitLoop.waiting = waiting_timed
 
-    def dump(*_) -> None:
-        out = {k: _pcts(v) for k, v in sorted(times.items())}
-        Path(os.environ[PARTS_ENV]).write_text(json.dumps(out, indent=1))
+    def dump_when_asked() -> None:
+        # a thread, not a SIGUSR1 handler: on the H100 (2026-12-06) the handler's parts never
+        # came back, while on the CPU they did; a thread needs no main thread to run it
+        out = Path(os.environ[PARTS_ENV])
+        want = out.with_suffix(".want")
+        while True:
+            if want.exists():
+                parts = {k: _pcts(v) for k, v in sorted(times.items())}
+                out.write_text(json.dumps(parts, indent=1))
+                want.unlink()
+            time.sleep(0.05)
 
-    signal.signal(signal.SIGUSR1, dump)
+    threading.Thread(target=dump_when_asked, name="profile-dump", daemon=True).start()
     from flashrt_ros.node.main import main
 
     sys.exit(main())
@@ -185,7 +193,7 @@ def _drive(args) -> dict:
                     rtt["restore"].append(dt2 * 1e6)
                     rtt["list"].append(dt3 * 1e6)
             diag = NodeClient(ros, proc).latest_diag()
-            os.kill(proc.pid, signal.SIGUSR1)
+            parts.with_suffix(".want").touch()
             for _ in range(50):
                 if parts.exists():
                     break

@@ -79,13 +79,13 @@ def _as_node() -> None:
     from flashrt_ros.runtime.engine import Engine
     from flashrt_ros.runtime.probe import CheckpointProbe
 
-    names = ("checkpoint", "restore", "capsules", "_probe_finite", "_wait", "_to_freeze")
-    for n in (*names, "_check_new_name"):
+    names = ("checkpoint", "restore", "capsules", "_checkpoint_into", "_probe_finite", "_wait")
+    for n in (*names, "_to_freeze", "_finite_checksum", "_check_new_name"):
         wrap(Engine, n, f"engine.{n}")
     for n in ("issue", "result"):
         wrap(CheckpointProbe, n, f"probe.{n}")
     wrap(graphs, "launch", "graphs.launch")  # the probe's graph (the kernels' checkpoint pass)
-    for n in ("adopt", "info", "free_slot", "digest_row", "_record", "new_id"):
+    for n in ("adopt", "info", "free_slot", "slot_row", "digest_row", "_record", "peek_id"):
         wrap(CapsulePool, n, f"pool.{n}")
     for n in ("checkpoint", "restore", "list_capsules"):
         wrap(services.CapsuleServices, n, f"handler.{n}")

@@ -331,6 +331,47 @@ def test_checkpoint_pass_is_one_kernel_and_matches_the_six_node_graph(monkeypatc
         assert eng.restore(cid, "alt", verify=True).checksum == one.checksum
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["graph", "direct"])
+def test_one_kernel_pass_launched_either_way_fills_slots_and_refuses_nan(monkeypatch, direct):
+    """The one kernel as a graph or launched directly (its arguments packed once per slot):
+    checkpoints into two slots (and again into the first) hold the state's bytes and digest;
+    a NaN is refused with the slot left free and no id used up (the next capsule takes the id
+    the refused one would have)."""
+    import math
+
+    import torch
+
+    from flashrt_ros.capsules.checksum import reference_digest, to_hex
+    from flashrt_ros.errors import BadRequest
+    from flashrt_ros.runtime import probe as probe_mod
+
+    monkeypatch.setattr(probe_mod, "DIRECT_LAUNCH", direct)
+    eng = _cuda_engine(capsule_slots=3)
+    state = eng.session("main").arena.buf
+    ref = to_hex(reference_digest(state))
+    a, b = eng.checkpoint(), eng.checkpoint()
+    eng.drop(a.id)
+    c = eng.checkpoint()  # a's slot again: its graph or packed launch is reused
+    probe = eng._probes["main"]
+    assert (len(probe._packed), len(probe._graphs)) == ((2, 0) if direct else (0, 2))
+    for info in (b, c):
+        cap = eng.pool.get(info.id)
+        assert info.checksum == ref and to_hex(cap.digest) == ref
+        assert torch.equal(eng.pool.slab[cap.slot], state)
+    goal = eng.session("main").views["goal"]
+    old = goal.clone()
+    goal.view(-1)[0] = math.nan
+    free, next_id = eng.pool.free_slots(), eng.pool.next_number()
+    with pytest.raises(BadRequest, match="NaN or Inf in goal"):
+        eng.checkpoint()
+    assert eng.pool.free_slots() == free and eng.pool.next_number() == next_id
+    assert [i.id for i in eng.capsules()] == [b.id, c.id]
+    goal.copy_(old)
+    d = eng.checkpoint()
+    assert d.id == f"c{next_id:04d}" and d.checksum == ref
+    assert eng.restore(d.id, verify=True).checksum == ref
+
+
 def test_checkpoint_with_a_full_pool_evicts_and_restores_on_cuda():
     """No free slot: the pass checks, then the pool evicts the least recently used capsule and
     copies (the path without the slot in the pass); every kept capsule restores verified."""

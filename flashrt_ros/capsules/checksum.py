@@ -83,8 +83,11 @@ def reference_digest(buf: torch.Tensor) -> torch.Tensor:
 
 
 def hex_of(lanes) -> str:
-    """The digest string of lane values already on the host (no device work, no sync)."""
-    return "".join(f"{int(v) & _MASK64:016x}" for v in lanes)
+    """The digest string of the two lane values, already on the host (no device work, no
+    sync). One f-string, not a join over a generator: a checkpoint waits for it (~1.5 us
+    against ~4)."""
+    a, b = lanes
+    return f"{int(a) & _MASK64:016x}{int(b) & _MASK64:016x}"
 
 
 def to_hex(acc: torch.Tensor) -> str:

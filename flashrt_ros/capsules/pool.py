@@ -48,6 +48,11 @@ class CapsulePool:
         # digest, see put): no allocation per checkpoint
         self.digests = torch.zeros((slots, 2), dtype=torch.int64, device=self.device)
         self._digest_bytes = self.digests.view(torch.uint8)  # (slots, 16): rows for copy_bytes
+        # each slot's rows as views made once: indexing a tensor costs ~1-3 us a time, and a
+        # checkpoint took three (its slot, its digest row twice)
+        self._slot_rows = list(self.slab.unbind(0))
+        self._digest_rows = list(self._digest_bytes.unbind(0))
+        self._digest_lanes = list(self.digests.unbind(0))
         self._probe = torch.zeros(2, dtype=torch.int64, device=self.device)
         self.free = list(range(slots))[::-1]
         self.free_host = list(range(host_slots))[::-1]
@@ -140,7 +145,7 @@ class CapsulePool:
             self.evicted.append(oldest.info.label())
             self._release(oldest)
         hs = self.free_host.pop()
-        self.host[hs].copy_(self.slab[cap.slot], non_blocking=True)
+        self.host[hs].copy_(self._slot_rows[cap.slot], non_blocking=True)
         cap.digest = cap.digest.clone()  # the slot's digest row goes to the next capsule
         self.free.append(cap.slot)
         cap.slot, cap.host_slot = None, hs
@@ -182,12 +187,12 @@ class CapsulePool:
         if lanes is not None and lanes.numel() != 16:
             raise ValueError(f"a digest is 2 int64 lanes, got {tuple(digest.shape)}")
         slot = self._take_slot()
-        dst = self.slab[slot]
+        dst = self._slot_rows[slot]
         copy_bytes(dst, src)  # device to device, or torch's copy for a host source
         if lanes is None:
-            device_checksum(dst, out=self.digests[slot])
+            device_checksum(dst, out=self._digest_lanes[slot])
         else:  # 16 bytes device to device, queued like the copy: no sync
-            copy_bytes(self._digest_bytes[slot], lanes)
+            copy_bytes(self._digest_rows[slot], lanes)
         return self._record(slot, name, session, parent_id, step, pinned, cid, stamp, checksum)
 
     def check_new(self, name: str) -> None:
@@ -201,9 +206,13 @@ class CapsulePool:
         that fills it itself before adopt()."""
         return self.free[-1] if self.free else None
 
+    def slot_row(self, slot: int) -> torch.Tensor:
+        """`slot`'s bytes (uint8, the arena's size), for a caller that fills the slot itself."""
+        return self._slot_rows[slot]
+
     def digest_row(self, slot: int) -> torch.Tensor:
         """The 16 bytes of `slot`'s digest, for a caller that fills the slot itself."""
-        return self._digest_bytes[slot]
+        return self._digest_rows[slot]
 
     def adopt(
         self,
@@ -215,12 +224,20 @@ class CapsulePool:
         step: int,
         pinned: bool = False,
         checksum: str = "",
+        cid: str | None = None,
+        stamp: float | None = None,
     ) -> Capsule:
         """A capsule for free `slot`, whose bytes and digest row the caller filled (the Engine's
-        checkpoint probe, in the pass that checked them): bookkeeping only."""
+        checkpoint probe, in the pass that checked them): bookkeeping only. `cid` (a fresh id
+        from peek_id, made while the pass ran) is used up here, as new_id's would be."""
         self.check_new(name)
+        if cid is not None and cid in self.caps:
+            raise BadRequest(f"capsule id {cid} is taken")
         self.free.remove(slot)  # ValueError when it is not free: nothing changed
-        return self._record(slot, name, session, parent_id, step, pinned, None, None, checksum)
+        cap = self._record(slot, name, session, parent_id, step, pinned, cid, stamp, checksum)
+        if cid is not None:
+            self.claim_id(cid)
+        return cap
 
     def _record(self, slot, name, session, parent_id, step, pinned, cid, stamp, checksum):
         info = CapsuleInfo(
@@ -235,7 +252,7 @@ class CapsulePool:
             pinned=bool(pinned),
             stamp=time.time() if stamp is None else float(stamp),
         )
-        cap = Capsule(info, slot, None, self.digests[slot], next(self._clock))
+        cap = Capsule(info, slot, None, self._digest_lanes[slot], next(self._clock))
         self.caps[info.id] = cap
         return cap
 
@@ -243,7 +260,7 @@ class CapsulePool:
     def source(self, cap: Capsule) -> torch.Tensor:
         """The capsule's bytes where they are (a slab row or a pinned host row), for copies
         queued on the device (a spill into a host row is queued too: no wait needed)."""
-        return self.slab[cap.slot] if cap.slot is not None else self.host[cap.host_slot]
+        return self._slot_rows[cap.slot] if cap.slot is not None else self.host[cap.host_slot]
 
     def readable(self, cap: Capsule) -> torch.Tensor:
         """source() for the host to read (a file write): a host row a spill has just been
@@ -287,9 +304,9 @@ class CapsulePool:
         self.free_host.append(cap.host_slot)
         cap.host_slot = None  # in no tier for a moment: neither a victim nor dropped for one
         slot = self._take_slot()  # the caller checked there is room: nothing raises here
-        copy_bytes(self.slab[slot], staged)
-        copy_bytes(self._digest_bytes[slot], cap.digest.view(torch.uint8))
-        cap.slot, cap.digest = slot, self.digests[slot]
+        copy_bytes(self._slot_rows[slot], staged)
+        copy_bytes(self._digest_rows[slot], cap.digest.view(torch.uint8))
+        cap.slot, cap.digest = slot, self._digest_lanes[slot]
         cap.info = replace(cap.info, tier=self.gpu_tier)
 
     # -- for the disk tier (a persist checks everything before it writes a file) ----------------

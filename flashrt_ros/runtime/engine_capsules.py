@@ -96,12 +96,11 @@ class CapsuleVerbs:
         def meta(checksum: str) -> dict:
             return capsule_meta(s, name, pin, checksum)
 
-        if not persist and self._probe_of(s).fused:
+        if not persist and (probe := self._probe_of(s)).fused:
             slot = self.pool.free_slot()
             if slot is not None:  # one pass fills the slot: no copy after the wait
                 self._check_new_name(name)
-                _, checksum = self._probe_finite(s, slot)
-                return self.pool.info(self.pool.adopt(slot, **meta(checksum)))
+                return self._checkpoint_into(s, probe, slot, name, pin)
         if persist:  # checks, then the file, then the pool: a refused call changes nothing
             pending = self.begin_persist(s.name, name, pin)
             try:
@@ -266,25 +265,40 @@ class CapsuleVerbs:
             probe = self._probes[s.name] = CheckpointProbe(s, self._float_regions, self.use_graph)
         return probe
 
-    def _probe_finite(self, s: Session, slot: int | None = None) -> tuple[CheckpointProbe, str]:
+    def _checkpoint_into(
+        self, s: Session, probe: CheckpointProbe, slot: int, name: str, pin: bool
+    ) -> CapsuleInfo:
+        """The kernels' checkpoint of `s` into free `slot`: one pass copies the arena and its
+        digest there while checking it. What needs nothing of the pass's result (the capsule's
+        id, stamp and description) is made while the device runs it. A state holding NaN/Inf
+        is refused as in _probe_finite: the slot stays free, no id is used up."""
+        probe.issue(self.pool.slot_row(slot), self.pool.digest_row(slot))
+        meta = capsule_meta(s, name, pin, "")
+        cid, stamp = self.pool.peek_id(self.pool.id_taken), time.time()
+        self._wait()
+        meta["checksum"] = self._finite_checksum(s, probe)
+        return self.pool.info(self.pool.adopt(slot, cid=cid, stamp=stamp, **meta))
+
+    def _probe_finite(self, s: Session) -> tuple[CheckpointProbe, str]:
         """The probe (its `digest` is the arena's on the device) and the arena's hex checksum,
-        after one pass and one wait; with `slot` (a free pool slot, the kernels' probe only)
-        the same pass copies the arena and its digest there. BadRequest naming the
-        floating-point regions that hold NaN/Inf, having changed nothing (the slot stays free)."""
+        after one pass and one wait. BadRequest naming the floating-point regions that hold
+        NaN/Inf, having changed nothing."""
         probe = self._probe_of(s)
-        if slot is None:
-            probe.issue()
-        else:
-            probe.issue(self.pool.slab[slot], self.pool.digest_row(slot))
+        probe.issue()
         if self._stream is not None:
             self._wait()
+        return probe, self._finite_checksum(s, probe)
+
+    def _finite_checksum(self, s: Session, probe: CheckpointProbe) -> str:
+        """The finished pass's hex checksum; BadRequest naming the floating-point regions of
+        `s` that hold NaN/Inf."""
         bad, checksum = probe.result()
         if bad:
             raise BadRequest(
                 f"session {s.name!r} holds NaN or Inf in {', '.join(bad)}; refusing to "
                 "checkpoint it (restore, branch into or reset the session)"
             )
-        return probe, checksum
+        return checksum
 
     def _report_evictions(self) -> None:
         """Log the capsules the pool evicted to make room (LRU), once each, and keep them in

@@ -50,18 +50,7 @@ def main() -> int:
         help="the probe's older pass: a graph of six nodes (memset, checksum, finite, the two "
         "slot copies and the readback's copy) instead of the one kernel",
     )
-    ap.add_argument(
-        "--launch",
-        choices=("graph", "direct"),
-        default=None,
-        help="the one kernel as a graph of one node, or launched directly with its arguments "
-        "packed once (default: runtime/probe.py's DIRECT_LAUNCH)",
-    )
     a = ap.parse_args()
-    if a.launch is not None:
-        from flashrt_ros.runtime import probe as probe_mod
-
-        probe_mod.DIRECT_LAUNCH = a.launch == "direct"
     if a.six_nodes:
         from flashrt_ros.runtime import probe as probe_mod
 
@@ -143,7 +132,6 @@ def main() -> int:
         "pass": "one kernel"
         if eng._probe_of(s)._one is not None
         else ("six nodes" if eng._probe_of(s).fused else "torch"),
-        "launch": "direct" if eng._probe_of(s)._packed else "graph",
         "gap_ms": a.gap_ms,
         "gap": "spin" if a.gap_spin else "sleep",
         "p50_us": {k: round(float(np.median(v)), 1) for k, v in t.items()},

@@ -331,29 +331,26 @@ def test_checkpoint_pass_is_one_kernel_and_matches_the_six_node_graph(monkeypatc
         assert eng.restore(cid, "alt", verify=True).checksum == one.checksum
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["graph", "direct"])
-def test_one_kernel_pass_launched_either_way_fills_slots_and_refuses_nan(monkeypatch, direct):
-    """The one kernel as a graph or launched directly (its arguments packed once per slot):
-    checkpoints into two slots (and again into the first) hold the state's bytes and digest;
-    a NaN is refused with the slot left free and no id used up (the next capsule takes the id
-    the refused one would have)."""
+def test_one_kernel_pass_fills_slots_and_refuses_nan_without_using_an_id():
+    """The one kernel's checkpoints into two slots (and again into the first, its graph
+    reused) hold the state's bytes and digest; a NaN is refused with the slot left free and no
+    id used up, though the id was picked while the pass ran (the next capsule takes the id the
+    refused one would have). (A direct launch with its arguments packed once was tried on an
+    H100 on 2026-12-06: its launch took 39-55 us p50 against the graph's 8; it went.)"""
     import math
 
     import torch
 
     from flashrt_ros.capsules.checksum import reference_digest, to_hex
     from flashrt_ros.errors import BadRequest
-    from flashrt_ros.runtime import probe as probe_mod
 
-    monkeypatch.setattr(probe_mod, "DIRECT_LAUNCH", direct)
     eng = _cuda_engine(capsule_slots=3)
     state = eng.session("main").arena.buf
     ref = to_hex(reference_digest(state))
     a, b = eng.checkpoint(), eng.checkpoint()
     eng.drop(a.id)
-    c = eng.checkpoint()  # a's slot again: its graph or packed launch is reused
-    probe = eng._probes["main"]
-    assert (len(probe._packed), len(probe._graphs)) == ((2, 0) if direct else (0, 2))
+    c = eng.checkpoint()  # a's slot again: its graph is reused
+    assert len(eng._probes["main"]._graphs) == 2
     for info in (b, c):
         cap = eng.pool.get(info.id)
         assert info.checksum == ref and to_hex(cap.digest) == ref

@@ -297,15 +297,6 @@ def launch_probe(
     of `table` (as launch_finite)], and, when given, `slot` <- buf and `row` (16 bytes) <- the
     digest. `acc` (int64 [3 + R], zero before the first launch) is left zero for the next one.
     On driver stream `h` (capturable); the caller checked probe_ready."""
-    func, grid, args = _probe_args(buf, table, most, acc, out, host_ptr, slot, row)
-    _check(
-        _drv.cuLaunchKernel(func, grid, 1, 1, THREADS, 1, 1, 0, h, (args, _PROBE_ARGTYPES), 0),
-        "cuLaunchKernel",
-    )
-
-
-def _probe_args(buf, table, most, acc, out, host_ptr, slot, row) -> tuple[object, int, tuple]:
-    """frt_probe's kernel, grid and argument values for launch_probe's arguments."""
     if buf.numel() % 4:  # the kernel checksums and copies whole 32-bit words
         raise ValueError(f"frt_probe needs whole 32-bit words, got {buf.numel()} bytes")
     index = buf.get_device()
@@ -323,27 +314,12 @@ def _probe_args(buf, table, most, acc, out, host_ptr, slot, row) -> tuple[object
         out.data_ptr(),
         host_ptr,
     )
-    return _probe[index], grid, args
-
-
-class PackedProbe:
-    """launch_probe with its arguments packed once into the array of pointers the driver
-    reads: given a (values, types) tuple, cuda-python packs it anew at every launch. For a
-    launch repeated with the same buffers (a session's probe into one slot); the caller keeps
-    the buffers alive as long as this (the probe holds them, as it holds its graphs)."""
-
-    def __init__(self, buf, table, most, acc, out, host_ptr, slot, row):
-        self._func, self._grid, args = _probe_args(buf, table, most, acc, out, host_ptr, slot, row)
-        self._vals = [t(v) for t, v in zip(_PROBE_ARGTYPES, args, strict=True)]
-        self._ptrs = (ctypes.c_void_p * len(self._vals))(*map(ctypes.addressof, self._vals))
-        self._addr = ctypes.addressof(self._ptrs)
-
-    def __call__(self, h) -> None:
-        """The launch, on driver stream `h`."""
-        _check(
-            _drv.cuLaunchKernel(self._func, self._grid, 1, 1, THREADS, 1, 1, 0, h, self._addr, 0),
-            "cuLaunchKernel",
-        )
+    _check(
+        _drv.cuLaunchKernel(
+            _probe[index], grid, 1, 1, THREADS, 1, 1, 0, h, (args, _PROBE_ARGTYPES), 0
+        ),
+        "cuLaunchKernel",
+    )
 
 
 def host_device_pointer(host: torch.Tensor) -> int | None:

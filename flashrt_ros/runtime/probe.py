@@ -33,9 +33,6 @@ from flashrt_ros.runtime.graph import StepPlan
 # the kernels' pass as one kernel where the pinned readback is mapped (bench/capsule_probe.py
 # --six-nodes measures the older graph of six nodes, which stays as the fallback)
 ONE_KERNEL = True
-# the one kernel launched directly with its arguments packed once (kernels.PackedProbe), or
-# (False) as a graph of one node (graphs.owned); bench/capsule_probe.py --launch times both
-DIRECT_LAUNCH = False
 
 
 class CheckpointProbe:
@@ -75,7 +72,6 @@ class CheckpointProbe:
         self.host = torch.zeros(out.shape, dtype=torch.int64, pin_memory=True) if on_cuda else out
         self._host_np = self.host.numpy()  # the same memory: read without a torch op (result)
         self._graphs: dict[int, object] = {}  # slot address (0: none) -> its graph
-        self._packed: dict[int, kernels.PackedProbe] = {}  # the same, launched directly
         # the pass as one kernel (kernels.frt_probe) writing its results straight into the
         # pinned readback: one graph node instead of six (memset, checksum, finite, two copies
         # and the readback's copy), so less to launch and to wait for
@@ -105,16 +101,6 @@ class CheckpointProbe:
             return
         at = 0 if slot is None else slot.data_ptr()
         index = self._buf.get_device()
-        if self._one is not None and DIRECT_LAUNCH:
-            go = self._packed.get(at)
-            if go is None:
-                acc, host_ptr = self._one
-                go = kernels.PackedProbe(
-                    self._buf, self._table, self._most, acc, self.out, host_ptr, slot, row
-                )
-                self._packed[at] = go
-            go(stream(index))
-            return
         exe = self._graphs.get(at)
         if exe is None:
             # this probe's own graphs, freed with it (graphs.owned says why not graphs.run's

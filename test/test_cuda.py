@@ -336,8 +336,8 @@ def test_one_kernel_pass_fills_slots_and_refuses_nan_without_using_an_id():
     reused) hold the state's bytes and digest; a NaN is refused with the slot left free and no
     id used up, though the id was picked while the pass ran (the next capsule takes the id the
     refused one would have). (A direct launch with its arguments packed once was tried on an
-    H100 on 2026-12-06: its launch took 39-55 us p50 against the graph's 8, in runs where the
-    restores were slower too, unexplained; it went.)"""
+    H100 on 2026-12-06: pinned to one CPU, it took 10.8-12.2 us p50 against the graph's
+    7.3-10.4; it went.)"""
     import math
 
     import torch

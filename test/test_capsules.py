@@ -470,6 +470,29 @@ def test_a_slot_filled_by_its_caller_is_adopted_with_bookkeeping_only():
     assert np.array_equal(eng.step(observations(1, seed=4)[0]), want)
 
 
+def test_an_id_picked_before_the_pass_is_used_up_only_by_adopt():
+    """The kernels' checkpoint picks its capsule's id (peek_id) while the pass runs and hands
+    it to adopt(): peeking uses nothing up (a refused state leaves the counter as it was),
+    adopt uses it up (a dropped capsule's id is never issued again), and an id a live capsule
+    holds is refused with nothing changed."""
+    from flashrt_ros.errors import BadRequest
+
+    eng = warmed(capsule_slots=3)
+    pool, s = eng.pool, eng.session("main")
+    first = eng.checkpoint()
+    cid = pool.peek_id(pool.id_taken)
+    assert pool.peek_id(pool.id_taken) == cid  # peeking twice: the same id, none used up
+    slot = pool.free_slot()
+    before = (list(pool.free), sorted(pool.caps), pool.next_number())
+    with pytest.raises(BadRequest, match="taken"):
+        pool.adopt(slot, session="main", parent_id="", step=s.steps, cid=first.id)
+    assert (list(pool.free), sorted(pool.caps), pool.next_number()) == before
+    cap = pool.adopt(slot, session="main", parent_id="", step=s.steps, cid=cid, stamp=12.5)
+    assert (cap.info.id, cap.info.stamp) == (cid, 12.5)
+    eng.drop(cid)  # used up: never issued again, though no live capsule holds it now
+    assert pool.peek_id(pool.id_taken) != cid and eng.checkpoint().id != cid
+
+
 @pytest.mark.exclusive
 def test_a_planner_thread_checkpoints_while_another_thread_steps():
     """Each capsule a second thread takes while the first steps is a state the steps passed

@@ -92,10 +92,6 @@ class CapsuleVerbs:
         verify catches."""
         s, name, pin = self._to_freeze(session, name, pin)
         persist = bool_arg(persist, "persist")
-
-        def meta(checksum: str) -> dict:
-            return capsule_meta(s, name, pin, checksum)
-
         if not persist and (probe := self._probe_of(s)).fused:
             slot = self.pool.free_slot()
             if slot is not None:  # one pass fills the slot: no copy after the wait
@@ -111,7 +107,9 @@ class CapsuleVerbs:
             return self.end_persist(pending)
         self._check_new_name(name)
         probe, checksum = self._probe_finite(s)
-        cap = self.pool.put(s.arena.buf, digest=probe.digest, **meta(checksum))
+        cap = self.pool.put(
+            s.arena.buf, digest=probe.digest, **capsule_meta(s, name, pin, checksum)
+        )
         self._report_evictions()
         return self.pool.info(cap)
 
